@@ -1,0 +1,5 @@
+import sys
+
+from svcgate.cli import main
+
+sys.exit(main())

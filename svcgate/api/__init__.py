@@ -1,0 +1,1 @@
+"""The JSON control plane under ``/api/`` (quart-trio)."""

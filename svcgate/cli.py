@@ -1,0 +1,80 @@
+"""The ``svcgate`` command: ``serve``, ``demo`` and ``version``.
+
+Exit codes: 0 after a clean shutdown, 2 for a bad setting (one line naming the variable),
+1 for any other start-up failure (one line saying what failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import trio
+
+from svcgate import __version__
+from svcgate.daemon import StartupError, run_daemon
+from svcgate.settings import SettingsError, settings_from_env
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _announce(binds: list[str]) -> None:
+    for url in binds:
+        print(f"svcgate: listening on {url}", flush=True)
+
+
+def cmd_serve(_: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_env()
+    except SettingsError as exc:
+        print(f"svcgate: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings.log_level)
+    try:
+        trio.run(lambda: run_daemon(settings, on_ready=_announce))
+    except StartupError as exc:
+        print(f"svcgate: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from svcgate.demo import run_demo
+
+    return run_demo(port=args.port, data_dir=args.data_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="svcgate", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"svcgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the gateway (settings from SVC_* variables)")
+    serve.set_defaults(func=cmd_serve)
+    demo = sub.add_parser(
+        "demo", help="run the gateway with a local identity provider and demo users"
+    )
+    demo.add_argument("--port", type=int, default=int(os.environ.get("SVC_DEMO_PORT", "8080")))
+    demo.add_argument("--data-dir", default=os.environ.get("SVC_DATA_DIR", "svcgate-data"))
+    demo.set_defaults(func=cmd_demo)
+    version = sub.add_parser("version", help="print the version")
+    version.set_defaults(func=lambda _: print(f"svcgate {__version__}") or 0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

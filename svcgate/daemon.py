@@ -1,0 +1,137 @@
+"""The daemon: the root of the nursery tree (drawn in docs/architecture.md).
+
+Resource handling: ``run_daemon`` opens, in order, the HTTP client used for OIDC, the
+identity provider's discovery, the store, and then the HTTP server; they close in reverse
+order. SIGTERM/SIGINT trigger Hypercorn's graceful shutdown: the listener closes, in-flight
+requests get up to ``GRACEFUL_TIMEOUT`` seconds to finish, then the store closes and the
+process exits 0.
+
+Error handling: a configuration problem found at start-up (unreachable identity provider,
+unusable data directory) raises :class:`StartupError` with one line for the operator.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import signal
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import cast
+
+import httpx2
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from svcgate.api.app import create_api_app
+from svcgate.api.context import Services
+from svcgate.asgi_io import ASGIApp
+from svcgate.data_plane import DataPlane
+from svcgate.front import Front
+from svcgate.oidc import FlowRegistry, OidcClient, OidcError
+from svcgate.settings import Settings
+from svcgate.store import open_store
+
+log = logging.getLogger(__name__)
+
+GRACEFUL_TIMEOUT = 20.0
+DB_NAME = "svcgate.db"
+
+
+class StartupError(Exception):
+    """The daemon cannot start; ``str()`` is one line for the operator."""
+
+
+def _hypercorn_config(settings: Settings) -> Config:
+    config = Config()
+    host = settings.listen_host
+    bind_host = f"[{host}]" if ":" in host else host
+    config.bind = [f"{bind_host}:{settings.listen_port}"]
+    config.graceful_timeout = GRACEFUL_TIMEOUT
+    config.accesslog = None  # access logs would carry query strings; A3 forbids token leaks
+    config.errorlog = logging.getLogger("hypercorn.error")
+    config.keep_alive_timeout = 75
+    config.h11_max_incomplete_size = 16 * 1024
+    config.include_server_header = False
+    return config
+
+
+def prepare_data_dir(settings: Settings) -> None:
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise StartupError(
+            f"SVC_DATA_DIR: cannot create {str(settings.data_dir)!r} ({exc.strerror})"
+        ) from exc
+
+
+async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None]) -> None:
+    """Run until SIGTERM/SIGINT. ``on_ready`` receives the bound URLs once serving."""
+    prepare_data_dir(settings)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with httpx2.AsyncClient(timeout=10.0, follow_redirects=False) as http:
+            oidc: OidcClient | None = None
+            if settings.oidc is not None:
+                try:
+                    oidc = await OidcClient.discover(settings.oidc, http)
+                except OidcError as exc:
+                    raise StartupError(f"SVC_OIDC_ISSUER: {exc}") from exc
+                log.info("OIDC provider %s discovered", oidc.metadata.issuer)
+            async with open_store(settings.data_dir / DB_NAME) as store:
+                api: ASGIApp | None = None
+                if oidc is not None:
+                    # Quart types its ASGI signature with hypercorn's TypedDicts; ours are plain.
+                    api = cast(
+                        ASGIApp,
+                        create_api_app(
+                            Services(
+                                settings=settings,
+                                store=store,
+                                oidc=oidc,
+                                flow_key=secrets.token_bytes(32),
+                                flows=FlowRegistry(),
+                            )
+                        ),
+                    )
+                else:
+                    log.warning("OIDC is not configured: the control plane (/api/) is disabled")
+                front = Front(api, DataPlane(settings.bearer_token, store))
+                await _serve_until_signal(front, settings, signals, on_ready)
+    log.info("svcgate stopped")
+
+
+async def _serve_until_signal(
+    front: Front,
+    settings: Settings,
+    signals: AsyncIterator[int],
+    on_ready: Callable[[list[str]], None],
+) -> None:
+    shutdown = trio.Event()
+    served = trio.Event()
+
+    async def watch_signals() -> None:
+        async for signum in signals:
+            log.info("received %s: draining in-flight requests", signal.Signals(signum).name)
+            shutdown.set()
+            return
+
+    async def http_server(
+        task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await serve(
+                front,  # type: ignore[arg-type]  # hypercorn's ASGI typing is narrower than ours
+                _hypercorn_config(settings),
+                shutdown_trigger=shutdown.wait,
+                task_status=task_status,
+            )
+        finally:
+            served.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_signals)
+        binds = await nursery.start(partial(http_server))
+        on_ready(binds)
+        await served.wait()
+        nursery.cancel_scope.cancel()

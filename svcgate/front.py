@@ -1,0 +1,126 @@
+"""The HTTP front: one ASGI app that routes by path prefix, with SPEC's precedence.
+
+``/mcp/p/`` (per-profile data plane) and ``/api/`` (control plane) are matched first; ``/mcp``
+and every other path (the bare ``/`` catch-all) reach the legacy data-plane handler.
+
+The control-plane body limit is enforced here, before the framework sees the request: a
+declared ``Content-Length`` over the limit is refused at once, and a chunked body is counted
+as it arrives and refused as soon as it passes the limit, so an oversized body is never
+buffered whole (THREATS.md B9). Compressed request bodies are refused (415) rather than
+inflated. The response to an oversized body closes the connection.
+"""
+
+from __future__ import annotations
+
+from svcgate.asgi_io import ASGIApp, Message, Receive, Scope, Send, header, send_json
+from svcgate.data_plane import DataPlane
+from svcgate.errors import envelope
+from svcgate.settings import OIDC_CORE_VARS
+
+MAX_BODY = 64 * 1024
+
+DISABLED_MESSAGE = (
+    "the control plane is disabled because OpenID Connect is not configured: set "
+    + ", ".join(OIDC_CORE_VARS)
+    + " (and SVC_OIDC_CLIENT_SECRET or SVC_OIDC_CLIENT_SECRET_FILE for a confidential client)"
+)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """Read the whole request body, refusing (without buffering) anything over ``limit``."""
+    declared = header(scope, b"content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise BodyTooLarge
+        except ValueError:
+            pass  # the server's HTTP parser has already rejected malformed framing
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+class Front:
+    def __init__(self, api: ASGIApp | None, data_plane: DataPlane) -> None:
+        self._api = api
+        self._data_plane = data_plane
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            # No websocket surface: refuse the handshake.
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        path: str = scope["path"]
+        if path.startswith("/mcp/p/"):
+            await self._data_plane.profile(scope, receive, send)
+        elif path == "/api" or path.startswith("/api/"):
+            await self._control_plane(scope, receive, send)
+        else:
+            await self._data_plane.legacy(scope, receive, send)
+
+    async def _control_plane(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._api is None:
+            await send_json(send, 404, envelope("control_plane_disabled", DISABLED_MESSAGE))
+            return
+        if header(scope, b"content-encoding") not in (None, b"identity"):
+            await send_json(
+                send,
+                415,
+                envelope("invalid", "compressed request bodies are not accepted"),
+                [(b"connection", b"close")],
+            )
+            return
+        try:
+            body = await read_body(scope, receive, MAX_BODY)
+        except BodyTooLarge:
+            await send_json(
+                send,
+                413,
+                envelope("invalid", f"request body larger than {MAX_BODY // 1024} KiB"),
+                [(b"connection", b"close")],
+            )
+            return
+        await self._api(scope, _replay(body, receive), send)
+
+    @staticmethod
+    async def _lifespan(receive: Receive, send: Send) -> None:
+        # The daemon's root nursery owns start-up and shutdown; the ASGI lifespan is a no-op.
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return

@@ -1,0 +1,66 @@
+"""Versioned schema migrations, applied in order and recorded in ``PRAGMA user_version``.
+
+A migration is never edited once released: add a new one. Each runs in one transaction
+together with the version bump, so a crash leaves the schema at a known version.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: users, sessions, audit log, and the profile tables the data plane authenticates against.
+    """
+    CREATE TABLE users (
+        id INTEGER PRIMARY KEY,
+        issuer TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        email TEXT NOT NULL DEFAULT '',
+        display_name TEXT NOT NULL DEFAULT '',
+        role TEXT NOT NULL CHECK (role IN ('admin', 'user')),
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (issuer, subject)
+    );
+    CREATE TABLE sessions (
+        token_hash TEXT PRIMARY KEY,
+        user_id INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        imp_user_id INTEGER REFERENCES users(id) ON DELETE SET NULL,
+        imp_expires_at REAL
+    ) WITHOUT ROWID;
+    CREATE INDEX sessions_user ON sessions(user_id);
+    CREATE INDEX sessions_expiry ON sessions(expires_at);
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('egress', 'auth', 'admin')),
+        user_id INTEGER NOT NULL DEFAULT 0,
+        profile_id INTEGER NOT NULL DEFAULT 0,
+        server TEXT NOT NULL DEFAULT '',
+        host TEXT NOT NULL DEFAULT '',
+        decision TEXT NOT NULL,
+        detail TEXT NOT NULL DEFAULT ''
+    );
+    CREATE INDEX audit_user_id ON audit(user_id, id);
+    CREATE TABLE servers (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE CHECK (instr(name, '_') = 0),
+        created_at TEXT NOT NULL
+    );
+    CREATE TABLE profiles (
+        id INTEGER PRIMARY KEY,
+        slug TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL,
+        user_id INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        token_hash TEXT NOT NULL UNIQUE,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE INDEX profiles_user ON profiles(user_id, id);
+    CREATE TABLE profile_servers (
+        profile_id INTEGER NOT NULL REFERENCES profiles(id) ON DELETE CASCADE,
+        server_id INTEGER NOT NULL REFERENCES servers(id) ON DELETE CASCADE,
+        PRIMARY KEY (profile_id, server_id)
+    ) WITHOUT ROWID;
+    """,
+)

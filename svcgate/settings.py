@@ -1,0 +1,224 @@
+"""Settings, parsed once from the environment into a frozen object and passed down.
+
+Error handling: any missing or malformed value raises :class:`SettingsError` naming the
+variable; the CLI prints it as one line and exits non-zero. Secret values never appear in
+messages or in ``repr``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from svcgate.duration import parse_duration
+
+DEFAULT_LISTEN = "0.0.0.0:8080"  # the product listens on all interfaces by default (SPEC)
+DEFAULT_ADMIN_ROLE = "svc-admin"
+DEFAULT_SESSION_TTL = "168h"
+DEFAULT_DATA_DIR = "svcgate-data"
+CALLBACK_PATH = "/api/auth/callback"
+OIDC_CORE_VARS = ("SVC_OIDC_ISSUER", "SVC_OIDC_CLIENT_ID", "SVC_OIDC_REDIRECT_URL")
+
+
+class SettingsError(Exception):
+    """A setting is missing or malformed. ``str()`` is one line naming the variable."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable}: {problem}")
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class OidcSettings:
+    issuer: str
+    client_id: str
+    redirect_url: str
+    client_secret: str = field(repr=False, default="")
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen_host: str
+    listen_port: int
+    data_dir: Path
+    bearer_token: str = field(repr=False)
+    oidc: OidcSettings | None
+    admin_role: str
+    session_ttl: float
+    public_origin: str | None
+    echo_bin: Path | None
+    log_level: str = "INFO"
+
+    @property
+    def control_plane_enabled(self) -> bool:
+        return self.oidc is not None
+
+    @property
+    def secure_cookies(self) -> bool:
+        return self.public_origin is not None and self.public_origin.startswith("https://")
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _parse_listen(value: str) -> tuple[str, int]:
+    match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^:\[\]]*):(\d{1,5})", value)
+    if match is None:
+        raise SettingsError("SVC_LISTEN", f"expected HOST:PORT or [IPV6]:PORT, got {value!r}")
+    host = match.group(1) or match.group(3) or "0.0.0.0"  # noqa: S104 - ":8080" means all interfaces
+    port = int(match.group(2) or match.group(4))
+    if port > 65535:
+        raise SettingsError("SVC_LISTEN", f"port {port} is out of range")
+    return host, port
+
+
+def _parse_http_url(variable: str, value: str) -> tuple[str, str, str]:
+    """Return (scheme, host, origin) for an http(s) URL, or raise naming the variable."""
+    if any(ord(c) < 0x21 or c == "\x7f" for c in value):
+        raise SettingsError(variable, "must not contain spaces or control characters")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise SettingsError(variable, f"not a valid URL: {value!r}") from exc
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(variable, f"must be an http:// or https:// URL, got {value!r}")
+    if parts.username or parts.password:
+        raise SettingsError(variable, "must not contain user information")
+    host = parts.hostname
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    return parts.scheme, host, f"{parts.scheme}://{netloc}"
+
+
+def _read_secret_file(variable: str, path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(variable, f"cannot read {path!r} ({type(exc).__name__})") from exc
+    return text.rstrip("\r\n")
+
+
+def _parse_oidc(env: Mapping[str, str]) -> OidcSettings | None:
+    values = {name: env.get(name, "").strip() for name in OIDC_CORE_VARS}
+    present = [name for name, value in values.items() if value]
+    if not present:
+        for extra in ("SVC_OIDC_CLIENT_SECRET", "SVC_OIDC_CLIENT_SECRET_FILE"):
+            if env.get(extra, ""):
+                raise SettingsError(extra, "is set but SVC_OIDC_ISSUER is empty")
+        return None
+    if len(present) != len(OIDC_CORE_VARS):
+        missing = next(name for name in OIDC_CORE_VARS if not values[name])
+        raise SettingsError(
+            missing,
+            "is required when any of SVC_OIDC_ISSUER, SVC_OIDC_CLIENT_ID, "
+            "SVC_OIDC_REDIRECT_URL is set",
+        )
+    issuer = values["SVC_OIDC_ISSUER"]
+    scheme, host, _ = _parse_http_url("SVC_OIDC_ISSUER", issuer)
+    if scheme != "https" and not _is_loopback_host(host):
+        raise SettingsError("SVC_OIDC_ISSUER", "must be https:// (http:// only for loopback)")
+    if "?" in issuer or "#" in issuer:
+        raise SettingsError("SVC_OIDC_ISSUER", "must not contain a query or fragment")
+    client_id = values["SVC_OIDC_CLIENT_ID"]
+    if any(ord(c) < 0x21 for c in client_id):
+        raise SettingsError("SVC_OIDC_CLIENT_ID", "must not contain spaces or control characters")
+    redirect = values["SVC_OIDC_REDIRECT_URL"]
+    _parse_http_url("SVC_OIDC_REDIRECT_URL", redirect)
+    if urlsplit(redirect).path != CALLBACK_PATH or urlsplit(redirect).query:
+        raise SettingsError("SVC_OIDC_REDIRECT_URL", f"must end in {CALLBACK_PATH}")
+    secret = env.get("SVC_OIDC_CLIENT_SECRET", "")
+    secret_file = env.get("SVC_OIDC_CLIENT_SECRET_FILE", "")
+    if secret and secret_file:
+        raise SettingsError(
+            "SVC_OIDC_CLIENT_SECRET_FILE", "set either it or SVC_OIDC_CLIENT_SECRET, not both"
+        )
+    if secret_file:
+        secret = _read_secret_file("SVC_OIDC_CLIENT_SECRET_FILE", secret_file)
+    return OidcSettings(
+        issuer=issuer,
+        client_id=client_id,
+        redirect_url=redirect,
+        client_secret=secret,
+    )
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
+    """Parse every ``SVC_*`` variable once. Raises :class:`SettingsError`."""
+    env = dict(os.environ if env is None else env)
+
+    bearer = env.get("SVC_BEARER_TOKEN", "")
+    if not bearer:
+        raise SettingsError("SVC_BEARER_TOKEN", "is required (the legacy /mcp bearer token)")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in bearer):
+        raise SettingsError("SVC_BEARER_TOKEN", "must not contain spaces or control characters")
+
+    host, port = _parse_listen(env.get("SVC_LISTEN", "") or DEFAULT_LISTEN)
+
+    data_dir_text = env.get("SVC_DATA_DIR", "") or env.get("STATE_DIRECTORY", "").split(":")[0]
+    data_dir = Path(data_dir_text or DEFAULT_DATA_DIR).absolute()
+    if data_dir.exists() and not data_dir.is_dir():
+        raise SettingsError("SVC_DATA_DIR", f"{str(data_dir)!r} exists and is not a directory")
+
+    oidc = _parse_oidc(env)
+
+    admin_role = env.get("SVC_OIDC_ADMIN_ROLE", "") or DEFAULT_ADMIN_ROLE
+    if any(ord(c) < 0x20 for c in admin_role):
+        raise SettingsError("SVC_OIDC_ADMIN_ROLE", "must not contain control characters")
+
+    ttl_text = env.get("SVC_SESSION_TTL", "") or DEFAULT_SESSION_TTL
+    try:
+        session_ttl = parse_duration(ttl_text)
+    except ValueError as exc:
+        raise SettingsError(
+            "SVC_SESSION_TTL", f"invalid duration {ttl_text!r} (examples: 168h, 90m, 1h30m)"
+        ) from exc
+    if session_ttl < 60:
+        raise SettingsError("SVC_SESSION_TTL", "must be at least 1m")
+
+    public_origin: str | None = None
+    public_url = env.get("SVC_PUBLIC_URL", "")
+    if public_url:
+        _, _, public_origin = _parse_http_url("SVC_PUBLIC_URL", public_url)
+        if urlsplit(public_url).path not in ("", "/") or urlsplit(public_url).query:
+            raise SettingsError("SVC_PUBLIC_URL", "must be an origin such as https://gw.example")
+    elif oidc is not None:
+        _, _, public_origin = _parse_http_url("SVC_OIDC_REDIRECT_URL", oidc.redirect_url)
+
+    echo_bin: Path | None = None
+    echo_text = env.get("SVC_ECHO_BIN", "")
+    if echo_text:
+        echo_bin = Path(echo_text).absolute()
+        if not echo_bin.is_file():
+            raise SettingsError("SVC_ECHO_BIN", f"{echo_text!r} is not a file")
+        if not os.access(echo_bin, os.X_OK):
+            raise SettingsError("SVC_ECHO_BIN", f"{echo_text!r} is not executable")
+
+    log_level = (env.get("SVC_LOG_LEVEL", "") or "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise SettingsError("SVC_LOG_LEVEL", "must be one of DEBUG, INFO, WARNING, ERROR")
+
+    return Settings(
+        listen_host=host,
+        listen_port=port,
+        data_dir=data_dir,
+        bearer_token=bearer,
+        oidc=oidc,
+        admin_role=admin_role,
+        session_ttl=session_ttl,
+        public_origin=public_origin,
+        echo_bin=echo_bin,
+        log_level=log_level,
+    )

@@ -1,0 +1,142 @@
+"""SQLite state store: one writer connection, a small pool of readers, WAL.
+
+Resource handling: :func:`open_store` is an async context manager that opens the database,
+applies migrations, and closes every connection on exit. Writes go through one connection
+behind ``CapacityLimiter(1)``; reads use a pool of read-only connections behind their own
+limiter. Blocking sqlite calls always run in worker threads (DESIGN.md rule 5).
+
+Error handling: a write function runs inside ``BEGIN IMMEDIATE`` ... ``COMMIT``; any exception
+rolls the whole transaction back, so a change and the audit row that records it commit
+together or not at all (THREATS.md G1). ``synchronous=FULL`` makes acknowledged writes
+durable across power loss (G3); ``busy_timeout`` absorbs lock contention with an operator
+CLI or backup (G4). Calls are not abandoned on cancellation: a transaction that started
+finishes (commit or rollback) before the cancellation is delivered.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import trio
+
+from svcgate.migrations import MIGRATIONS
+
+T = TypeVar("T")
+
+READERS = 4
+BUSY_TIMEOUT_MS = 10_000
+
+
+class StoreUnavailable(Exception):
+    """The database refused a write (disk full, read-only, I/O error)."""
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    if readonly:
+        conn = sqlite3.connect(
+            f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA query_only = ON")
+    else:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply pending migrations; return the resulting schema version."""
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > len(MIGRATIONS):
+        raise RuntimeError(
+            f"database schema version {version} is newer than this svcgate ({len(MIGRATIONS)})"
+        )
+    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+        # executescript commits implicitly, so the script and the version bump go in one
+        # explicit transaction written out as SQL.
+        conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+    return len(MIGRATIONS)
+
+
+class Store:
+    """Async facade over SQLite. Create with :func:`open_store`."""
+
+    def __init__(self, path: Path, writer: sqlite3.Connection) -> None:
+        self.path = path
+        self._writer = writer
+        self._write_limiter = trio.CapacityLimiter(1)
+        self._readers: list[sqlite3.Connection] = []
+        self._read_limiter = trio.CapacityLimiter(READERS)
+
+    def _run_write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._writer
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` in one write transaction; commit iff it returns."""
+        try:
+            return await trio.to_thread.run_sync(self._run_write, fn, limiter=self._write_limiter)
+        except (sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            raise StoreUnavailable(type(exc).__name__) from exc
+
+    def _run_read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._readers.pop() if self._readers else _connect(self.path, readonly=True)
+        try:
+            return fn(conn)
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._readers.append(conn)
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` on a read-only connection (a consistent snapshot per statement)."""
+        return await trio.to_thread.run_sync(self._run_read, fn, limiter=self._read_limiter)
+
+    def close(self) -> None:
+        for conn in self._readers:
+            conn.close()
+        self._readers.clear()
+        self._writer.close()
+
+
+@asynccontextmanager
+async def open_store(path: Path) -> AsyncIterator[Store]:
+    """Open (creating and migrating) the database at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def _open() -> sqlite3.Connection:
+        conn = _connect(path, readonly=False)
+        try:
+            migrate(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    writer = await trio.to_thread.run_sync(_open)
+    store = Store(path, writer)
+    try:
+        yield store
+    finally:
+        store.close()
