@@ -40,7 +40,7 @@ def _snapshot(db: Path) -> list[tuple[str, list[tuple]]]:
     with sqlite3.connect(db) as conn:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
         return [
-            (t, sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr))  # noqa: S608
+            (t, sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr))
             for t in sorted(tables)
             if t not in ("audit", "sqlite_sequence")
         ]
