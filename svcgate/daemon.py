@@ -24,12 +24,14 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from svcgate import servers
 from svcgate.api.app import create_api_app
 from svcgate.api.context import Services
 from svcgate.asgi_io import ASGIApp
 from svcgate.data_plane import DataPlane
 from svcgate.front import Front
 from svcgate.oidc import FlowRegistry, OidcClient, OidcError
+from svcgate.runtime_hooks import NoRuntimes
 from svcgate.settings import Settings
 from svcgate.store import open_store
 
@@ -79,6 +81,8 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                     raise StartupError(f"SVC_OIDC_ISSUER: {exc}") from exc
                 log.info("OIDC provider %s discovered", oidc.metadata.issuer)
             async with open_store(settings.data_dir / DB_NAME) as store:
+                if settings.echo_bin is not None:
+                    await store.write(servers.ensure_legacy_server)
                 api: ASGIApp | None = None
                 if oidc is not None:
                     # Quart types its ASGI signature with hypercorn's TypedDicts; ours are plain.
@@ -91,6 +95,7 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                                 oidc=oidc,
                                 flow_key=secrets.token_bytes(32),
                                 flows=FlowRegistry(),
+                                runtimes=NoRuntimes(),
                             )
                         ),
                     )

@@ -84,6 +84,7 @@ def start_gateway(
         "SVC_LISTEN": f"127.0.0.1:{port}",
         "SVC_DATA_DIR": str(data_dir),
         "SVC_BEARER_TOKEN": "legacy-test-token-0123456789",
+        "SVC_ECHO_BIN": "/bin/true",
         "PYTHONUNBUFFERED": "1",
     }
     if idp is not None:

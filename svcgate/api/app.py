@@ -21,7 +21,13 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from svcgate import accounts
-from svcgate.api import routes_audit, routes_auth, routes_session
+from svcgate.api import (
+    routes_audit,
+    routes_auth,
+    routes_profiles,
+    routes_servers,
+    routes_session,
+)
 from svcgate.api.context import Services, services
 from svcgate.errors import (
     ApiError,
@@ -108,7 +114,13 @@ def create_api_app(svc: Services) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = None  # enforced by the front before the app
     app.config["PROPAGATE_EXCEPTIONS"] = False
     app.url_map.strict_slashes = False
-    for blueprint in (routes_auth.bp, routes_session.bp, routes_audit.bp):
+    for blueprint in (
+        routes_auth.bp,
+        routes_session.bp,
+        routes_audit.bp,
+        routes_profiles.bp,
+        routes_servers.bp,
+    ):
         app.register_blueprint(blueprint)
 
     app.before_request(_authenticate)

@@ -12,6 +12,7 @@ from quart import current_app, g, request
 from svcgate.accounts import SessionInfo
 from svcgate.errors import Invalid, Unauthenticated
 from svcgate.oidc import FlowRegistry, OidcClient
+from svcgate.runtime_hooks import RuntimeInvalidator
 from svcgate.settings import Settings
 from svcgate.store import Store
 from svcgate.strict_json import StrictJSONError, loads_strict
@@ -30,6 +31,7 @@ class Services:
     oidc: OidcClient
     flow_key: bytes
     flows: FlowRegistry
+    runtimes: RuntimeInvalidator
 
 
 def services() -> Services:

@@ -1,0 +1,132 @@
+"""Profiles: ``/api/profiles`` and ``/api/profiles/{id}[/servers|/token]``.
+
+Success codes: create 201, list/get/rename/servers/token 200, delete 204. Another user's
+profile is a 404 identical to a missing one; admins reach every profile.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from quart import Blueprint, Response
+
+from svcgate import profiles
+from svcgate.api.context import access, caller, json_body, services
+from svcgate.errors import NotFound
+
+bp = Blueprint("profiles", __name__, url_prefix="/api/profiles")
+
+MAX_ID = 2**63 - 1
+
+
+class CreateProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    slug: str
+
+
+class RenameProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+
+
+class SetServers(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    servers: list[str]
+
+
+def _owner() -> int | None:
+    return profiles.visible_owner(caller())
+
+
+def _checked_id(profile_id: int) -> int:
+    if profile_id > MAX_ID:
+        raise NotFound("no such profile")
+    return profile_id
+
+
+@bp.get("")
+@access("session")
+async def list_profiles() -> list[dict[str, Any]]:
+    owner = _owner()
+    found = await services().store.read(lambda conn: profiles.list_profiles(conn, owner))
+    return [p.public() for p in found]
+
+
+@bp.post("")
+@access("session")
+async def create_profile() -> tuple[dict[str, Any], int]:
+    body = await json_body(CreateProfile)
+    profiles.check_name(body.name)
+    profiles.check_slug(body.slug)
+    owner = caller().user.id
+    profile, token = await services().store.write(
+        lambda conn: profiles.create_profile(conn, owner, body.name, body.slug)
+    )
+    return profile.public(token), 201
+
+
+@bp.get("/<int:profile_id>")
+@access("session")
+async def get_profile(profile_id: int) -> dict[str, Any]:
+    owner, pid = _owner(), _checked_id(profile_id)
+    profile = await services().store.read(lambda conn: profiles.get_profile(conn, pid, owner))
+    return profile.public()
+
+
+@bp.patch("/<int:profile_id>")
+@access("session")
+async def rename_profile(profile_id: int) -> dict[str, Any]:
+    owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
+    body = await json_body(RenameProfile)
+    profiles.check_name(body.name)
+
+    def rename(conn: sqlite3.Connection) -> profiles.Profile:
+        return profiles.rename_profile(
+            conn, profiles.get_profile(conn, pid, owner), body.name, actor
+        )
+
+    return (await services().store.write(rename)).public()
+
+
+@bp.delete("/<int:profile_id>")
+@access("session")
+async def delete_profile(profile_id: int) -> Response:
+    owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
+
+    def delete(conn: sqlite3.Connection) -> None:
+        profiles.delete_profile(conn, profiles.get_profile(conn, pid, owner), actor)
+
+    await services().store.write(delete)
+    await services().runtimes.invalidate([pid], reason="profile deleted")
+    return Response(b"", status=204)
+
+
+@bp.put("/<int:profile_id>/servers")
+@access("session")
+async def set_servers(profile_id: int) -> dict[str, Any]:
+    owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
+    body = await json_body(SetServers)
+
+    def replace(conn: sqlite3.Connection) -> profiles.Profile:
+        profile = profiles.get_profile(conn, pid, owner)
+        return profiles.set_servers(conn, profile, body.servers, actor)
+
+    updated = await services().store.write(replace)
+    await services().runtimes.invalidate([pid], reason="bundle edited")
+    return updated.public()
+
+
+@bp.post("/<int:profile_id>/token")
+@access("session")
+async def rotate_token(profile_id: int) -> dict[str, Any]:
+    owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
+
+    def rotate(conn: sqlite3.Connection) -> tuple[profiles.Profile, str]:
+        profile = profiles.get_profile(conn, pid, owner)
+        return profile, profiles.rotate_token(conn, profile, actor)
+
+    profile, token = await services().store.write(rotate)
+    return profile.public(token)
