@@ -9,14 +9,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
-from svcgate import __version__
-from svcgate.daemon import StartupError, run_daemon
-from svcgate.settings import SettingsError, settings_from_env
+from svcgate import __version__, vault
+from svcgate.daemon import DB_NAME, StartupError, run_daemon
+from svcgate.settings import (
+    DEFAULT_DATA_DIR,
+    SettingsError,
+    settings_from_env,
+    vault_key_location,
+)
 
 
 def _configure_logging(level: str) -> None:
@@ -53,6 +60,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(port=args.port, data_dir=args.data_dir)
 
 
+def cmd_vault_rotate(_: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    data_dir = Path(
+        env.get("SVC_DATA_DIR", "")
+        or env.get("STATE_DIRECTORY", "").split(":")[0]
+        or DEFAULT_DATA_DIR
+    ).absolute()
+    key_file = vault_key_location(env, data_dir)[0]
+    db = data_dir / DB_NAME
+    if not db.exists():
+        print(f"svcgate: no database at {db} (set SVC_DATA_DIR)", file=sys.stderr)
+        return 1
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("PRAGMA busy_timeout = 10000")
+        conn.execute("PRAGMA synchronous = FULL")
+        version, count = vault.rotate(conn, key_file)
+    except vault.VaultError as exc:
+        print(f"svcgate: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        conn.close()
+    print(f"vault key rotated to version {version}; {count} credential(s) re-wrapped")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="svcgate", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"svcgate {__version__}")
@@ -65,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=int(os.environ.get("SVC_DEMO_PORT", "8080")))
     demo.add_argument("--data-dir", default=os.environ.get("SVC_DATA_DIR", "svcgate-data"))
     demo.set_defaults(func=cmd_demo)
+    vault_cmd = sub.add_parser("vault", help="vault key management")
+    vault_sub = vault_cmd.add_subparsers(dest="vault_command", required=True)
+    rotate = vault_sub.add_parser(
+        "rotate-key", help="add a new key-encryption key and re-wrap every credential"
+    )
+    rotate.set_defaults(func=cmd_vault_rotate)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda _: print(f"svcgate {__version__}") or 0)
     return parser

@@ -34,6 +34,7 @@ from svcgate.oidc import FlowRegistry, OidcClient, OidcError
 from svcgate.runtime_hooks import NoRuntimes
 from svcgate.settings import Settings
 from svcgate.store import open_store
+from svcgate.vault import Vault, VaultError, load_key_file
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,13 @@ def prepare_data_dir(settings: Settings) -> None:
 async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None]) -> None:
     """Run until SIGTERM/SIGINT. ``on_ready`` receives the bound URLs once serving."""
     prepare_data_dir(settings)
+    try:
+        vault = Vault(
+            load_key_file(settings.vault_key_file, create=settings.vault_key_create),
+            settings.vault_key_file,
+        )
+    except VaultError as exc:
+        raise StartupError(f"SVC_VAULT_KEY_FILE: {exc}") from exc
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with httpx2.AsyncClient(timeout=10.0, follow_redirects=False) as http:
             oidc: OidcClient | None = None
@@ -96,6 +104,7 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                                 flow_key=secrets.token_bytes(32),
                                 flows=FlowRegistry(),
                                 runtimes=NoRuntimes(),
+                                vault=vault,
                             )
                         ),
                     )

@@ -63,4 +63,23 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (profile_id, server_id)
     ) WITHOUT ROWID;
     """,
+    # 2: per-user, per-server credentials, envelope-encrypted (svcgate/vault.py).
+    """
+    CREATE TABLE credentials (
+        id INTEGER PRIMARY KEY,
+        user_id INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+        server TEXT NOT NULL,
+        ciphertext BLOB NOT NULL,
+        wrapped_dek BLOB NOT NULL,
+        kek_version INTEGER NOT NULL,
+        inject_header TEXT,
+        inject_format TEXT,
+        placeholder TEXT,
+        allowed_hosts TEXT NOT NULL DEFAULT '[]',
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (user_id, server)
+    );
+    CREATE INDEX credentials_kek ON credentials(kek_version);
+    """,
 )

@@ -52,6 +52,8 @@ class Settings:
     session_ttl: float
     public_origin: str | None
     echo_bin: Path | None
+    vault_key_file: Path
+    vault_key_create: bool
     log_level: str = "INFO"
 
     @property
@@ -155,6 +157,22 @@ def _parse_oidc(env: Mapping[str, str]) -> OidcSettings | None:
     )
 
 
+def vault_key_location(env: Mapping[str, str], data_dir: Path) -> tuple[Path, bool]:
+    """Where the vault's key ring lives, and whether it may be created (development only).
+
+    ``SVC_VAULT_KEY_FILE`` wins; then systemd's ``$CREDENTIALS_DIRECTORY/vault-key``
+    (``LoadCredential=vault-key:...``); otherwise ``<data dir>/vault.key``, generated on first
+    start for development.
+    """
+    explicit = env.get("SVC_VAULT_KEY_FILE", "")
+    if explicit:
+        return Path(explicit).absolute(), False
+    credentials_dir = env.get("CREDENTIALS_DIRECTORY", "")
+    if credentials_dir:
+        return Path(credentials_dir) / "vault-key", False
+    return data_dir / "vault.key", True
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Parse every ``SVC_*`` variable once. Raises :class:`SettingsError`."""
     env = dict(os.environ if env is None else env)
@@ -206,6 +224,8 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         if not os.access(echo_bin, os.X_OK):
             raise SettingsError("SVC_ECHO_BIN", f"{echo_text!r} is not executable")
 
+    vault_key_file, vault_key_create = vault_key_location(env, data_dir)
+
     log_level = (env.get("SVC_LOG_LEVEL", "") or "INFO").upper()
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError("SVC_LOG_LEVEL", "must be one of DEBUG, INFO, WARNING, ERROR")
@@ -220,5 +240,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         session_ttl=session_ttl,
         public_origin=public_origin,
         echo_bin=echo_bin,
+        vault_key_file=vault_key_file,
+        vault_key_create=vault_key_create,
         log_level=log_level,
     )

@@ -24,6 +24,7 @@ from svcgate import accounts
 from svcgate.api import (
     routes_audit,
     routes_auth,
+    routes_credentials,
     routes_profiles,
     routes_servers,
     routes_session,
@@ -120,6 +121,7 @@ def create_api_app(svc: Services) -> QuartTrio:
         routes_audit.bp,
         routes_profiles.bp,
         routes_servers.bp,
+        routes_credentials.bp,
     ):
         app.register_blueprint(blueprint)
 

@@ -16,6 +16,7 @@ from svcgate.runtime_hooks import RuntimeInvalidator
 from svcgate.settings import Settings
 from svcgate.store import Store
 from svcgate.strict_json import StrictJSONError, loads_strict
+from svcgate.vault import Vault
 
 Access = Literal["public", "session", "admin"]
 M = TypeVar("M", bound=BaseModel)
@@ -32,6 +33,7 @@ class Services:
     flow_key: bytes
     flows: FlowRegistry
     runtimes: RuntimeInvalidator
+    vault: Vault
 
 
 def services() -> Services:
