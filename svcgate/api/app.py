@@ -25,6 +25,7 @@ from svcgate.api import (
     routes_audit,
     routes_auth,
     routes_credentials,
+    routes_meta,
     routes_profiles,
     routes_servers,
     routes_session,
@@ -122,6 +123,7 @@ def create_api_app(svc: Services) -> QuartTrio:
         routes_profiles.bp,
         routes_servers.bp,
         routes_credentials.bp,
+        routes_meta.bp,
     ):
         app.register_blueprint(blueprint)
 

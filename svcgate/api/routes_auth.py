@@ -17,6 +17,7 @@ from quart import Blueprint, Response, request
 
 from svcgate import accounts, audit, flow_cookie
 from svcgate.api.context import access, caller, services
+from svcgate.api.openapi import documented
 from svcgate.clock import now_epoch
 from svcgate.errors import Invalid, Unauthenticated
 from svcgate.oidc import Identity, OidcError
@@ -48,6 +49,11 @@ def _clear_flow(response: Response) -> None:
 
 @bp.get("/login")
 @access("public")
+@documented(
+    "Start sign-in: 302 to the identity provider with a flow cookie",
+    status=302,
+    parameters=({"name": "next", "in": "query", "required": False, "schema": {"type": "string"}},),
+)
 async def login() -> Response:
     svc = services()
     flow = flow_cookie.Flow.new(next_path=safe_next(request.args.get("next")), now=now_epoch())
@@ -72,6 +78,15 @@ async def _audit_failure(reason: str) -> None:
 
 @bp.get("/callback")
 @access("public")
+@documented(
+    "Finish sign-in: verify the flow, set svc_session, 302 to / (or next)",
+    status=302,
+    errors=(401,),
+    parameters=(
+        {"name": "state", "in": "query", "required": False, "schema": {"type": "string"}},
+        {"name": "code", "in": "query", "required": False, "schema": {"type": "string"}},
+    ),
+)
 async def callback() -> Response:
     svc = services()
     try:
@@ -147,6 +162,7 @@ async def _complete(flow: flow_cookie.Flow) -> Identity:
 
 @bp.post("/logout")
 @access("session")
+@documented("Sign out: delete the session and clear the cookie", status=204)
 async def logout() -> Response:
     session = caller()
 

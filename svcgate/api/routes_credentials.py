@@ -7,28 +7,47 @@ Secrets are write-only: no response ever carries one or anything derived from it
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, Response
 
 from svcgate import credentials
 from svcgate.api.context import access, caller, json_body, services
+from svcgate.api.openapi import array_of, documented
+
+SERVER_PARAM = {
+    "name": "server",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
+}
 
 bp = Blueprint("credentials", __name__, url_prefix="/api/credentials")
 
 
 class CredentialBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, hide_input_in_errors=True)
-    secret: str
-    inject_header: str | None = None
-    inject_format: str | None = None
-    placeholder: str | None = None
-    allowed_hosts: list[str] | None = None
+    secret: Annotated[str, Field(min_length=1, max_length=65536, pattern=r"^[^\r\n\x00]*$")]
+    inject_header: Annotated[str, Field(max_length=64, pattern=r"^[A-Za-z0-9-]+$")] | None = None
+    inject_format: (
+        Annotated[str, Field(max_length=256, pattern=r"^[^\r\n\x00]*\{token\}[^\r\n\x00]*$")] | None
+    ) = None
+    placeholder: (
+        Annotated[str, Field(min_length=8, max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")] | None
+    ) = None
+    allowed_hosts: (
+        Annotated[
+            list[Annotated[str, Field(max_length=253, pattern=r"^(\*\.)?[a-z0-9.-]+$")]],
+            Field(max_length=64),
+        ]
+        | None
+    ) = None
 
 
 @bp.get("")
 @access("session")
+@documented("Credential metadata of the calling user", response=array_of("CredentialMetadata"))
 async def list_credentials() -> list[dict[str, Any]]:
     user_id = caller().user.id
     return await services().store.read(lambda conn: credentials.list_metadata(conn, user_id))
@@ -36,6 +55,9 @@ async def list_credentials() -> list[dict[str, Any]]:
 
 @bp.put("/<server>")
 @access("session")
+@documented(
+    "Create or replace a credential (the secret is write-only)", status=204, request=CredentialBody
+)
 async def put_credential(server: str) -> Response:
     credentials.check_server_param(server)
     body = await json_body(CredentialBody)
@@ -54,6 +76,9 @@ async def put_credential(server: str) -> Response:
 
 @bp.delete("/<server>")
 @access("session")
+@documented(
+    "Delete a credential (idempotent)", status=204, errors=(400,), parameters=(SERVER_PARAM,)
+)
 async def delete_credential(server: str) -> Response:
     credentials.check_server_param(server)
     user_id = caller().user.id

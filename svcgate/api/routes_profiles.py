@@ -7,13 +7,14 @@ profile is a 404 identical to a missing one; admins reach every profile.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from quart import Blueprint, Response
 
 from svcgate import profiles
 from svcgate.api.context import access, caller, json_body, services
+from svcgate.api.openapi import array_of, documented, ref
 from svcgate.errors import NotFound
 
 bp = Blueprint("profiles", __name__, url_prefix="/api/profiles")
@@ -21,15 +22,19 @@ bp = Blueprint("profiles", __name__, url_prefix="/api/profiles")
 MAX_ID = 2**63 - 1
 
 
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Slug = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{1,62}$")]
+
+
 class CreateProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
-    slug: str
+    name: Name
+    slug: Slug
 
 
 class RenameProfile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
+    name: Name
 
 
 class SetServers(BaseModel):
@@ -49,6 +54,7 @@ def _checked_id(profile_id: int) -> int:
 
 @bp.get("")
 @access("session")
+@documented("Profiles: own, or all for admins", response=array_of("Profile"))
 async def list_profiles() -> list[dict[str, Any]]:
     owner = _owner()
     found = await services().store.read(lambda conn: profiles.list_profiles(conn, owner))
@@ -57,6 +63,13 @@ async def list_profiles() -> list[dict[str, Any]]:
 
 @bp.post("")
 @access("session")
+@documented(
+    "Create a profile; the response carries its token once",
+    status=201,
+    response=ref("Profile"),
+    request=CreateProfile,
+    errors=(409,),
+)
 async def create_profile() -> tuple[dict[str, Any], int]:
     body = await json_body(CreateProfile)
     profiles.check_name(body.name)
@@ -70,6 +83,7 @@ async def create_profile() -> tuple[dict[str, Any], int]:
 
 @bp.get("/<int:profile_id>")
 @access("session")
+@documented("One profile", response=ref("Profile"), errors=(404,))
 async def get_profile(profile_id: int) -> dict[str, Any]:
     owner, pid = _owner(), _checked_id(profile_id)
     profile = await services().store.read(lambda conn: profiles.get_profile(conn, pid, owner))
@@ -78,6 +92,7 @@ async def get_profile(profile_id: int) -> dict[str, Any]:
 
 @bp.patch("/<int:profile_id>")
 @access("session")
+@documented("Rename a profile", response=ref("Profile"), request=RenameProfile, errors=(404,))
 async def rename_profile(profile_id: int) -> dict[str, Any]:
     owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
     body = await json_body(RenameProfile)
@@ -93,6 +108,7 @@ async def rename_profile(profile_id: int) -> dict[str, Any]:
 
 @bp.delete("/<int:profile_id>")
 @access("session")
+@documented("Delete a profile and tear down its runtime", status=204, errors=(404,))
 async def delete_profile(profile_id: int) -> Response:
     owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
 
@@ -106,6 +122,12 @@ async def delete_profile(profile_id: int) -> Response:
 
 @bp.put("/<int:profile_id>/servers")
 @access("session")
+@documented(
+    "Replace the bundle (installed server names)",
+    response=ref("Profile"),
+    request=SetServers,
+    errors=(404,),
+)
 async def set_servers(profile_id: int) -> dict[str, Any]:
     owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
     body = await json_body(SetServers)
@@ -121,6 +143,9 @@ async def set_servers(profile_id: int) -> dict[str, Any]:
 
 @bp.post("/<int:profile_id>/token")
 @access("session")
+@documented(
+    "Rotate the token; the response carries it once", response=ref("Profile"), errors=(404,)
+)
 async def rotate_token(profile_id: int) -> dict[str, Any]:
     owner, pid, actor = _owner(), _checked_id(profile_id), caller().real_user.id
 

@@ -10,6 +10,7 @@ from quart import Blueprint, Response
 
 from svcgate import accounts
 from svcgate.api.context import access, caller, json_body, services
+from svcgate.api.openapi import array_of, documented, ref
 from svcgate.errors import Invalid, NotFound
 
 bp = Blueprint("session", __name__, url_prefix="/api")
@@ -17,6 +18,7 @@ bp = Blueprint("session", __name__, url_prefix="/api")
 
 @bp.get("/me")
 @access("session")
+@documented("The signed-in (effective) user", response=ref("Me"))
 async def me() -> dict[str, Any]:
     session = caller()
     body: dict[str, Any] = {"user": session.user.public(), "impersonating": session.impersonating}
@@ -28,6 +30,7 @@ async def me() -> dict[str, Any]:
 
 @bp.get("/users")
 @access("admin")
+@documented("All users (admins)", response=array_of("User"))
 async def users() -> list[dict[str, Any]]:
     found = await services().store.read(accounts.list_users)
     return [user.public() for user in found]
@@ -43,6 +46,12 @@ class ImpersonateRequest(BaseModel):
 
 @bp.post("/admin/impersonate")
 @access("admin")
+@documented(
+    "Start view-as (TTL clamped to 60 minutes)",
+    status=204,
+    request=ImpersonateRequest,
+    errors=(404,),
+)
 async def start_impersonation() -> Response:
     session = caller()
     body = await json_body(ImpersonateRequest)
@@ -62,6 +71,7 @@ async def start_impersonation() -> Response:
 
 @bp.delete("/admin/impersonate")
 @access("admin")
+@documented("Stop view-as", status=204)
 async def stop_impersonation() -> Response:
     session = caller()
     await services().store.write(lambda conn: accounts.stop_impersonation(conn, session))

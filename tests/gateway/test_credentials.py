@@ -25,7 +25,7 @@ def test_put_list_delete(gateway: Gateway, sessions: dict[str, str]) -> None:
         "inject_header": "Authorization",
         "inject_format": "Bearer {token}",
         "placeholder": "PLACEHOLDER-TOKEN",
-        "allowed_hosts": ["api.github.com", "*.githubusercontent.com", "API.Example.COM."],
+        "allowed_hosts": ["api.github.com", "*.githubusercontent.com", "api.example.com"],
     }
     with api(gateway, sessions["bob"]) as client:
         response = client.put("/api/credentials/github", json=body)
@@ -76,6 +76,7 @@ def test_put_list_delete(gateway: Gateway, sessions: dict[str, str]) -> None:
         {"secret": "s", "allowed_hosts": [f"h{i}.example.com" for i in range(65)]},
         {"secret": "s", "allowed_hosts": "api.github.com"},
         {"secret": "s", "owner": 1},
+        {"secret": "s", "allowed_hosts": ["API.example.com"]},
     ],
 )
 def test_bad_credentials_are_400_and_never_echo_the_secret(
