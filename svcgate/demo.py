@@ -20,6 +20,7 @@ import trio
 from svcgate.daemon import StartupError, run_daemon
 from svcgate.settings import SettingsError, settings_from_env
 
+ECHO_SERVER = Path(__file__).parent / "examples" / "echo_server.py"
 DEMO_USERS = (("alice", "alice", "admin"), ("bob", "bob", "user"), ("carol", "carol", "user"))
 
 
@@ -62,6 +63,8 @@ def run_demo(*, port: int, data_dir: str) -> int:
         "SVC_OIDC_CLIENT_ID": "svcgate",
         "SVC_OIDC_REDIRECT_URL": f"{origin}/api/auth/callback",
         "SVC_PUBLIC_URL": origin,
+        # The sample legacy server; a later issue runs it inside a sandbox.
+        "SVC_ECHO_BIN": os.environ.get("SVC_ECHO_BIN", str(ECHO_SERVER)),
     }
     try:
         try:
