@@ -83,3 +83,28 @@ def test_every_route_answers_with_the_envelope_or_json(
     assert response.headers["cache-control"] == "no-store"
     if response.status_code >= 400 and method != "HEAD":
         assert set(response.json()) == {"error"}
+
+
+ID_ROUTES = [(m, p) for m, p in ROUTES if "/api/profiles/1" in p and m != "OPTIONS"]
+
+
+def test_there_are_id_routes() -> None:
+    assert len(ID_ROUTES) >= 5
+
+
+@pytest.mark.parametrize(("method", "path"), ID_ROUTES)
+def test_another_users_profile_is_indistinguishable_from_a_missing_one(
+    gateway: Gateway, method: str, path: str
+) -> None:
+    with api(gateway, login(gateway, "bob")) as client:
+        slug = f"idor-{method.lower()}-{abs(hash(path)) % 10_000}"
+        owned = client.post("/api/profiles", json={"name": "b", "slug": slug}).json()
+    body = {"name": "x"} if method == "PATCH" else {"servers": []} if method == "PUT" else None
+    with api(gateway, login(gateway, "carol")) as client:
+        other = client.request(method, path.replace("/1", f"/{owned['id']}", 1), json=body)
+        missing = client.request(method, path.replace("/1", "/987654321", 1), json=body)
+    assert other.status_code == missing.status_code == 404
+    assert other.content == missing.content
+    assert {k: v for k, v in other.headers.items() if k not in ("date",)} == {
+        k: v for k, v in missing.headers.items() if k not in ("date",)
+    }
