@@ -12,6 +12,8 @@ inflated. The response to an oversized body closes the connection.
 
 from __future__ import annotations
 
+import trio
+
 from svcgate.asgi_io import ASGIApp, Message, Receive, Scope, Send, header, send_json
 from svcgate.data_plane import DataPlane
 from svcgate.errors import envelope
@@ -68,6 +70,21 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
+def _shielded(send: Send) -> Send:
+    """Protect each response message from cancellation.
+
+    quart-trio cancels its per-request nursery as soon as the response is written; a send
+    interrupted half-way leaves Hypercorn's connection state unfinished, so a keep-alive
+    connection is neither reused cleanly nor closed, and holds up graceful shutdown.
+    """
+
+    async def send_shielded(message: Message) -> None:
+        with trio.CancelScope(shield=True):
+            await send(message)
+
+    return send_shielded
+
+
 class Front:
     def __init__(self, api: ASGIApp | None, data_plane: DataPlane) -> None:
         self._api = api
@@ -112,7 +129,7 @@ class Front:
                 [(b"connection", b"close")],
             )
             return
-        await self._api(scope, _replay(body, receive), send)
+        await self._api(scope, _replay(body, receive), _shielded(send))
 
     @staticmethod
     async def _lifespan(receive: Receive, send: Send) -> None:
