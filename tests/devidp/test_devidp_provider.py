@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
+import httpx2
 import pytest
 from joserfc import jwt
 from joserfc.errors import BadSignatureError, JoseError
@@ -72,8 +72,8 @@ def idp() -> Iterator[DevIdP]:
 
 
 @pytest.fixture
-def client() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as c:
+def client() -> Iterator[httpx2.Client]:
+    with httpx2.Client(timeout=TIMEOUT, follow_redirects=False, trust_env=False) as c:
         yield c
 
 
@@ -93,14 +93,14 @@ def authorize_params(**overrides: str | None) -> dict[str, str]:
 
 
 def login(
-    client: httpx.Client,
+    client: httpx2.Client,
     issuer: str,
     verifier: str,
     *,
     username: str = "alice",
     password: str = "alice",
     **overrides: str | None,
-) -> httpx.Response:
+) -> httpx2.Response:
     """GET /authorize, then submit the login form as a browser would; the POST's response."""
     params = authorize_params(code_challenge=challenge_of(verifier), **overrides)
     page = client.get(f"{issuer}/authorize", params=params)
@@ -113,7 +113,7 @@ def login(
     return client.post(f"{issuer}{form.form['action']}", data=fields)
 
 
-def code_from(response: httpx.Response, redirect_uri: str = REDIRECT_URI) -> str:
+def code_from(response: httpx2.Response, redirect_uri: str = REDIRECT_URI) -> str:
     assert response.status_code == 302, response.text
     location = response.headers["location"]
     assert location.startswith(redirect_uri + "?")
@@ -123,8 +123,8 @@ def code_from(response: httpx.Response, redirect_uri: str = REDIRECT_URI) -> str
 
 
 def exchange(
-    client: httpx.Client, issuer: str, code: str, verifier: str, **overrides: str | None
-) -> httpx.Response:
+    client: httpx2.Client, issuer: str, code: str, verifier: str, **overrides: str | None
+) -> httpx2.Response:
     form: dict[str, str | None] = {
         "grant_type": "authorization_code",
         "code": code,
@@ -136,7 +136,7 @@ def exchange(
     return client.post(f"{issuer}/token", data={k: v for k, v in form.items() if v is not None})
 
 
-def full_flow(client: httpx.Client, issuer: str, **login_kw: Any) -> dict[str, Any]:
+def full_flow(client: httpx2.Client, issuer: str, **login_kw: Any) -> dict[str, Any]:
     verifier = new_verifier()
     code = code_from(login(client, issuer, verifier, **login_kw))
     response = exchange(client, issuer, code, verifier)
@@ -145,11 +145,11 @@ def full_flow(client: httpx.Client, issuer: str, **login_kw: Any) -> dict[str, A
     return body
 
 
-def keyset(client: httpx.Client, issuer: str) -> KeySet:
+def keyset(client: httpx2.Client, issuer: str) -> KeySet:
     return KeySet.import_key_set(client.get(f"{issuer}/jwks").json())
 
 
-def verified_claims(client: httpx.Client, issuer: str, id_token: str) -> dict[str, Any]:
+def verified_claims(client: httpx2.Client, issuer: str, id_token: str) -> dict[str, Any]:
     token = jwt.decode(id_token, keyset(client, issuer), algorithms=["RS256"])
     return dict(token.claims)
 
@@ -164,7 +164,7 @@ def unverified(id_token: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return part(head), part(payload)
 
 
-def oauth_error(response: httpx.Response, status: int, error: str) -> None:
+def oauth_error(response: httpx2.Response, status: int, error: str) -> None:
     assert response.status_code == status, response.text
     assert response.headers["content-type"].startswith("application/json")
     body = response.json()
@@ -175,7 +175,7 @@ def oauth_error(response: httpx.Response, status: int, error: str) -> None:
 # -- discovery and keys -------------------------------------------------------------------------
 
 
-def test_discovery_document(idp: DevIdP, client: httpx.Client) -> None:
+def test_discovery_document(idp: DevIdP, client: httpx2.Client) -> None:
     assert urlsplit(idp.issuer).hostname == "127.0.0.1"
     assert not idp.issuer.endswith("/")
     doc = client.get(f"{idp.issuer}/.well-known/openid-configuration").json()
@@ -199,7 +199,7 @@ def test_discovery_document(idp: DevIdP, client: httpx.Client) -> None:
     assert {"sub", "nonce", "email", DEFAULT_ROLES_CLAIM} <= set(doc["claims_supported"])
 
 
-def test_jwks_is_one_public_rsa_signing_key(idp: DevIdP, client: httpx.Client) -> None:
+def test_jwks_is_one_public_rsa_signing_key(idp: DevIdP, client: httpx2.Client) -> None:
     jwks = client.get(f"{idp.issuer}/jwks").json()
     [key] = jwks["keys"]
     assert key["kty"] == "RSA"
@@ -211,7 +211,7 @@ def test_jwks_is_one_public_rsa_signing_key(idp: DevIdP, client: httpx.Client) -
     assert RSAKey.import_key(key).raw_value.key_size == 2048
 
 
-def test_unknown_path_and_wrong_method(idp: DevIdP, client: httpx.Client) -> None:
+def test_unknown_path_and_wrong_method(idp: DevIdP, client: httpx2.Client) -> None:
     assert client.get(f"{idp.issuer}/nope").status_code == 404
     assert client.get(f"{idp.issuer}/").status_code == 404
     response = client.get(f"{idp.issuer}/token")
@@ -222,7 +222,7 @@ def test_unknown_path_and_wrong_method(idp: DevIdP, client: httpx.Client) -> Non
 # -- the code + PKCE flow -------------------------------------------------------------------
 
 
-def test_full_code_pkce_flow(idp: DevIdP, client: httpx.Client) -> None:
+def test_full_code_pkce_flow(idp: DevIdP, client: httpx2.Client) -> None:
     verifier = new_verifier()
     params = authorize_params(code_challenge=challenge_of(verifier))
     page = client.get(f"{idp.issuer}/authorize", params=params)
@@ -266,14 +266,14 @@ def test_full_code_pkce_flow(idp: DevIdP, client: httpx.Client) -> None:
     assert claims["exp"] == claims["iat"] + 300
 
 
-def test_user_without_roles_gets_empty_roles_object(idp: DevIdP, client: httpx.Client) -> None:
+def test_user_without_roles_gets_empty_roles_object(idp: DevIdP, client: httpx2.Client) -> None:
     body = full_flow(client, idp.issuer, username="bob", password="bob")
     claims = verified_claims(client, idp.issuer, body["id_token"])
     assert claims["sub"] == "user-bob"
     assert claims[DEFAULT_ROLES_CLAIM] == {}
 
 
-def test_wrong_password_shows_login_again(idp: DevIdP, client: httpx.Client) -> None:
+def test_wrong_password_shows_login_again(idp: DevIdP, client: httpx2.Client) -> None:
     verifier = new_verifier()
     response = login(client, idp.issuer, verifier, password="nope")
     assert response.status_code == 200
@@ -287,7 +287,7 @@ def test_wrong_password_shows_login_again(idp: DevIdP, client: httpx.Client) -> 
 
 
 def test_wrong_verifier_is_invalid_grant_and_burns_the_code(
-    idp: DevIdP, client: httpx.Client
+    idp: DevIdP, client: httpx2.Client
 ) -> None:
     verifier = new_verifier()
     code = code_from(login(client, idp.issuer, verifier))
@@ -295,7 +295,7 @@ def test_wrong_verifier_is_invalid_grant_and_burns_the_code(
     oauth_error(exchange(client, idp.issuer, code, verifier), 400, "invalid_grant")
 
 
-def test_missing_or_malformed_verifier(idp: DevIdP, client: httpx.Client) -> None:
+def test_missing_or_malformed_verifier(idp: DevIdP, client: httpx2.Client) -> None:
     verifier = new_verifier()
     code = code_from(login(client, idp.issuer, verifier))
     oauth_error(
@@ -305,14 +305,14 @@ def test_missing_or_malformed_verifier(idp: DevIdP, client: httpx.Client) -> Non
     oauth_error(exchange(client, idp.issuer, code, verifier[:42]), 400, "invalid_grant")
 
 
-def test_code_is_single_use(idp: DevIdP, client: httpx.Client) -> None:
+def test_code_is_single_use(idp: DevIdP, client: httpx2.Client) -> None:
     verifier = new_verifier()
     code = code_from(login(client, idp.issuer, verifier))
     assert exchange(client, idp.issuer, code, verifier).status_code == 200
     oauth_error(exchange(client, idp.issuer, code, verifier), 400, "invalid_grant")
 
 
-def test_token_redirect_uri_must_match(idp: DevIdP, client: httpx.Client) -> None:
+def test_token_redirect_uri_must_match(idp: DevIdP, client: httpx2.Client) -> None:
     verifier = new_verifier()
     code = code_from(login(client, idp.issuer, verifier))
     other = "http://127.0.0.1:8999/other"
@@ -321,7 +321,7 @@ def test_token_redirect_uri_must_match(idp: DevIdP, client: httpx.Client) -> Non
     )
 
 
-def test_token_request_errors(idp: DevIdP, client: httpx.Client) -> None:
+def test_token_request_errors(idp: DevIdP, client: httpx2.Client) -> None:
     verifier = new_verifier()
     code = code_from(login(client, idp.issuer, verifier))
     iss = idp.issuer
@@ -335,7 +335,7 @@ def test_token_request_errors(idp: DevIdP, client: httpx.Client) -> None:
     assert exchange(client, iss, code, verifier).status_code == 200
 
 
-def test_plain_or_missing_pkce_is_refused(idp: DevIdP, client: httpx.Client) -> None:
+def test_plain_or_missing_pkce_is_refused(idp: DevIdP, client: httpx2.Client) -> None:
     verifier = new_verifier()
     cases: list[dict[str, str | None]] = [
         {"code_challenge_method": "plain", "code_challenge": verifier},
@@ -357,7 +357,7 @@ def test_plain_or_missing_pkce_is_refused(idp: DevIdP, client: httpx.Client) -> 
         assert "code" not in query
 
 
-def test_bad_client_or_redirect_uri_is_a_400_page(idp: DevIdP, client: httpx.Client) -> None:
+def test_bad_client_or_redirect_uri_is_a_400_page(idp: DevIdP, client: httpx2.Client) -> None:
     cases: list[dict[str, str | None]] = [
         {"redirect_uri": "https://evil.example.test/cb"},
         {"redirect_uri": "http://127.0.0.1.evil.example.test/cb"},
@@ -372,7 +372,7 @@ def test_bad_client_or_redirect_uri_is_a_400_page(idp: DevIdP, client: httpx.Cli
         assert response.headers["content-type"].startswith("text/html")
 
 
-def test_registered_redirect_uris_must_match_exactly(client: httpx.Client) -> None:
+def test_registered_redirect_uris_must_match_exactly(client: httpx2.Client) -> None:
     with DevIdP(redirect_uris=[REDIRECT_URI]) as idp:
         ok = client.get(f"{idp.issuer}/authorize", params=authorize_params())
         assert ok.status_code == 200
@@ -386,14 +386,14 @@ def test_registered_redirect_uris_must_match_exactly(client: httpx.Client) -> No
 
 
 def test_loopback_redirect_uris_accepted_when_none_registered(
-    idp: DevIdP, client: httpx.Client
+    idp: DevIdP, client: httpx2.Client
 ) -> None:
     for uri in ("http://localhost:1/cb", "http://[::1]:5/x", "http://127.0.0.1/"):
         response = client.get(f"{idp.issuer}/authorize", params=authorize_params(redirect_uri=uri))
         assert response.status_code == 200, uri
 
 
-def test_confidential_client(client: httpx.Client) -> None:
+def test_confidential_client(client: httpx2.Client) -> None:
     with DevIdP(client_secret="s3cret") as idp:
         iss = idp.issuer
         for auth in ("basic", "post", "missing", "wrong"):
@@ -425,7 +425,7 @@ def test_confidential_client(client: httpx.Client) -> None:
 # -- userinfo -------------------------------------------------------------------------------
 
 
-def test_userinfo(idp: DevIdP, client: httpx.Client) -> None:
+def test_userinfo(idp: DevIdP, client: httpx2.Client) -> None:
     body = full_flow(client, idp.issuer)
     good = client.get(
         f"{idp.issuer}/userinfo", headers={"Authorization": f"Bearer {body['access_token']}"}
@@ -451,7 +451,7 @@ def test_userinfo(idp: DevIdP, client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
-def test_id_token_mutations(idp: DevIdP, client: httpx.Client, mutation: str) -> None:
+def test_id_token_mutations(idp: DevIdP, client: httpx2.Client, mutation: str) -> None:
     hook = client.post(f"{idp.issuer}/_test/next_id_token", json={"mutation": mutation})
     assert hook.status_code == 200, hook.text
     nonce = "nonce-" + mutation
@@ -512,12 +512,12 @@ def test_id_token_mutations(idp: DevIdP, client: httpx.Client, mutation: str) ->
     assert claims["aud"] == CLIENT_ID
 
 
-def test_unknown_mutation_is_rejected(idp: DevIdP, client: httpx.Client) -> None:
+def test_unknown_mutation_is_rejected(idp: DevIdP, client: httpx2.Client) -> None:
     response = client.post(f"{idp.issuer}/_test/next_id_token", json={"mutation": "nope"})
     assert response.status_code == 400
 
 
-def test_roles_hook_changes_next_login(idp: DevIdP, client: httpx.Client) -> None:
+def test_roles_hook_changes_next_login(idp: DevIdP, client: httpx2.Client) -> None:
     response = client.post(
         f"{idp.issuer}/_test/users", json={"username": "bob", "roles": ["a", "b"]}
     )
@@ -536,7 +536,7 @@ def test_roles_hook_changes_next_login(idp: DevIdP, client: httpx.Client) -> Non
     assert missing.status_code == 404
 
 
-def test_requests_hook_records_token_requests(idp: DevIdP, client: httpx.Client) -> None:
+def test_requests_hook_records_token_requests(idp: DevIdP, client: httpx2.Client) -> None:
     assert client.get(f"{idp.issuer}/_test/requests").json() == []
     full_flow(client, idp.issuer)
     [record] = client.get(f"{idp.issuer}/_test/requests").json()
@@ -549,7 +549,7 @@ def test_requests_hook_records_token_requests(idp: DevIdP, client: httpx.Client)
     assert "client_secret" not in record
 
 
-def test_hooks_are_404_without_test_hooks(client: httpx.Client) -> None:
+def test_hooks_are_404_without_test_hooks(client: httpx2.Client) -> None:
     with DevIdP() as idp:
         iss = idp.issuer
         assert (
@@ -625,7 +625,7 @@ def _stop_cli(proc: subprocess.Popen[str]) -> int:
             proc.wait(timeout=TIMEOUT)
 
 
-def test_cli_prints_issuer_and_exits_0_on_sigterm(client: httpx.Client) -> None:
+def test_cli_prints_issuer_and_exits_0_on_sigterm(client: httpx2.Client) -> None:
     with _start_cli() as proc:
         try:
             line = _issuer_line(proc)
@@ -644,7 +644,7 @@ def test_cli_prints_issuer_and_exits_0_on_sigterm(client: httpx.Client) -> None:
                 proc.wait(timeout=TIMEOUT)
 
 
-def test_cli_options(client: httpx.Client, tmp_path: Path) -> None:
+def test_cli_options(client: httpx2.Client, tmp_path: Path) -> None:
     users = tmp_path / "users.json"
     users.write_text(
         json.dumps(
