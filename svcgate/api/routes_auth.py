@@ -47,6 +47,14 @@ def _clear_flow(response: Response) -> None:
     )
 
 
+@bp.after_request
+async def _callback_always_clears_the_flow(response: Response) -> Response:
+    # Success, refusal or a failed write: the flow is spent either way (single use).
+    if request.endpoint == "auth.callback":
+        _clear_flow(response)
+    return response
+
+
 @bp.get("/login")
 @access("public")
 @documented(
@@ -103,11 +111,9 @@ async def callback() -> Response:
         log.warning("sign-in failed: %s", exc)
         await _audit_failure(str(exc))
         error = Unauthenticated(f"sign-in failed: {exc}")
-        response = Response(
+        return Response(
             _envelope_json(error.envelope()), status=401, content_type="application/json"
         )
-        _clear_flow(response)
-        return response
 
     role = role_for(identity.claims, svc.settings.admin_role)
     old_cookie = request.cookies.get(SESSION_COOKIE)
@@ -139,7 +145,6 @@ async def callback() -> Response:
         samesite="Lax",
         secure=svc.settings.secure_cookies,
     )
-    _clear_flow(response)
     return response
 
 

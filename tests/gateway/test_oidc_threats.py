@@ -121,3 +121,13 @@ def test_failed_sign_in_is_audited_without_token_material(gateway: Gateway, idp:
         assert code not in event["detail"]
         assert flow not in event["detail"]
     assert code not in gateway.log_text()
+
+
+def test_every_callback_outcome_clears_the_flow_cookie(gateway: Gateway) -> None:
+    flow, url = begin_login(gateway)
+    callback = authorize(url, "bob")
+    for cookie in (flow, flow, "forged.cookie"):  # success, replay, forged
+        response = finish_login(gateway, callback, cookie).response
+        cleared = [v for v in response.headers.get_list("set-cookie") if v.startswith("svc_flow=")]
+        assert cleared, response.status_code
+        assert cleared[0].startswith('svc_flow=""') or cleared[0].startswith("svc_flow=;")
