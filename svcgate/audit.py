@@ -62,8 +62,8 @@ class AuditQuery:
     user_id: int | None
 
 
-def page(conn: sqlite3.Connection, query: AuditQuery) -> dict[str, Any]:
-    """Return ``{"events": [...], "next_before": int}``; ``next_before`` is 0 on the last page."""
+def page_sql(query: AuditQuery) -> tuple[str, tuple[Any, ...]]:
+    """The page query and its parameters (one extra row tells whether another page exists)."""
     clauses: list[str] = []
     params: list[Any] = []
     if query.user_id is not None:
@@ -73,12 +73,16 @@ def page(conn: sqlite3.Connection, query: AuditQuery) -> dict[str, Any]:
         clauses.append("id < ?")
         params.append(query.before)
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    # One extra row tells whether another page exists without a second query.
-    rows = conn.execute(
+    sql = (
         "SELECT id, ts, kind, user_id, profile_id, server, host, decision, detail FROM audit"
-        f" {where} ORDER BY id DESC LIMIT ?",
-        (*params, query.limit + 1),
-    ).fetchall()
+        f" {where} ORDER BY id DESC LIMIT ?"
+    )
+    return sql, (*params, query.limit + 1)
+
+
+def page(conn: sqlite3.Connection, query: AuditQuery) -> dict[str, Any]:
+    """Return ``{"events": [...], "next_before": int}``; ``next_before`` is 0 on the last page."""
+    rows = conn.execute(*page_sql(query)).fetchall()
     more = len(rows) > query.limit
     rows = rows[: query.limit]
     events = [dict(row) for row in rows]

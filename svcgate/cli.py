@@ -7,31 +7,21 @@ Exit codes: 0 after a clean shutdown, 2 for a bad setting (one line naming the v
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import trio
-
 from svcgate import __version__, vault
-from svcgate.daemon import DB_NAME, StartupError, run_daemon
+from svcgate.daemon import DB_NAME, serve_settings
+from svcgate.demo import run_demo
 from svcgate.settings import (
     DEFAULT_DATA_DIR,
     SettingsError,
     settings_from_env,
     vault_key_location,
 )
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def _announce(binds: list[str]) -> None:
@@ -45,17 +35,10 @@ def cmd_serve(_: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"svcgate: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(settings.log_level)
-    try:
-        trio.run(lambda: run_daemon(settings, on_ready=_announce))
-    except StartupError as exc:
-        print(f"svcgate: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return serve_settings(settings, _announce)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from svcgate.demo import run_demo
 
     return run_demo(port=args.port, data_dir=args.data_dir)
 

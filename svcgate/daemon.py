@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import cast
@@ -149,3 +150,22 @@ async def _serve_until_signal(
         on_ready(binds)
         await served.wait()
         nursery.cancel_scope.cancel()
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def serve_settings(settings: Settings, on_ready: Callable[[list[str]], None]) -> int:
+    """Run the daemon until a signal; return the process exit code."""
+    configure_logging(settings.log_level)
+    try:
+        trio.run(lambda: run_daemon(settings, on_ready=on_ready))
+    except StartupError as exc:
+        print(f"svcgate: {exc}", file=sys.stderr)
+        return 1
+    return 0

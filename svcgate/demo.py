@@ -8,16 +8,13 @@ operator needs to sign in is printed. Ctrl-C stops both.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import subprocess
 import sys
 from pathlib import Path
 
-import trio
-
-from svcgate.daemon import StartupError, run_daemon
+from svcgate.daemon import serve_settings
 from svcgate.settings import SettingsError, settings_from_env
 
 ECHO_SERVER = Path(__file__).parent / "examples" / "echo_server.py"
@@ -72,11 +69,6 @@ def run_demo(*, port: int, data_dir: str) -> int:
         except SettingsError as exc:
             print(f"svcgate: {exc}", file=sys.stderr)
             return 2
-        logging.basicConfig(
-            level=settings.log_level,
-            stream=sys.stderr,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
 
         def ready(binds: list[str]) -> None:
             users = ", ".join(f"{u}/{p} ({r})" for u, p, r in DEMO_USERS)
@@ -97,12 +89,7 @@ def run_demo(*, port: int, data_dir: str) -> int:
                 flush=True,
             )
 
-        try:
-            trio.run(lambda: run_daemon(settings, on_ready=ready))
-        except StartupError as exc:
-            print(f"svcgate: {exc}", file=sys.stderr)
-            return 1
-        return 0
+        return serve_settings(settings, ready)
     finally:
         idp.terminate()
         try:

@@ -80,18 +80,8 @@ async def test_concurrent_writers_serialise_without_busy_errors(tmp_path: Path) 
 
 
 def _plan(conn: sqlite3.Connection, query: audit.AuditQuery) -> str:
-    clauses, params = [], []
-    if query.user_id is not None:
-        clauses.append("user_id = ?")
-        params.append(query.user_id)
-    if query.before is not None:
-        clauses.append("id < ?")
-        params.append(query.before)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = conn.execute(
-        f"EXPLAIN QUERY PLAN SELECT * FROM audit {where} ORDER BY id DESC LIMIT ?",
-        (*params, query.limit + 1),
-    ).fetchall()
+    sql, params = audit.page_sql(query)
+    rows = conn.execute(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()
     return " | ".join(str(row[-1]) for row in rows)
 
 
