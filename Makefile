@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 system-packages:
 	@scripts/system-packages
 
-demo: $(VENV)/.installed
+demo: $(VENV)/.installed system-packages
 	$(VENV)/bin/svcgate demo
 
 lint: $(VENV)/.installed

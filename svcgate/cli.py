@@ -1,7 +1,9 @@
-"""The ``svcgate`` command: ``serve``, ``demo`` and ``version``.
+"""The ``svcgate`` command: ``serve``, ``demo``, ``vault``, ``netns``, ``sandbox``, ``version``.
 
 Exit codes: 0 after a clean shutdown, 2 for a bad setting (one line naming the variable),
-1 for any other start-up failure (one line saying what failed).
+1 for any other start-up failure (one line saying what failed). The operator commands
+(``netns ls``, ``sandbox ps``, ``sandbox logs``) exit 1 with one line when the daemon cannot
+be reached (:mod:`svcgate.operator_cli`).
 """
 
 from __future__ import annotations
@@ -11,14 +13,13 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from svcgate import __version__, vault
+from svcgate import __version__, operator_cli, vault
 from svcgate.daemon import DB_NAME, serve_settings
 from svcgate.demo import run_demo
 from svcgate.settings import (
-    DEFAULT_DATA_DIR,
     SettingsError,
+    data_dir_from_env,
     settings_from_env,
     vault_key_location,
 )
@@ -45,11 +46,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_vault_rotate(_: argparse.Namespace) -> int:
     env = dict(os.environ)
-    data_dir = Path(
-        env.get("SVC_DATA_DIR", "")
-        or env.get("STATE_DIRECTORY", "").split(":")[0]
-        or DEFAULT_DATA_DIR
-    ).absolute()
+    data_dir = data_dir_from_env(env)
     key_file = vault_key_location(env, data_dir)[0]
     db = data_dir / DB_NAME
     if not db.exists():
@@ -87,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rotate-key", help="add a new key-encryption key and re-wrap every credential"
     )
     rotate.set_defaults(func=cmd_vault_rotate)
+    operator_cli.add_parsers(sub)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda _: print(f"svcgate {__version__}") or 0)
     return parser

@@ -1,13 +1,17 @@
 """The daemon: the root of the nursery tree (drawn in docs/architecture.md).
 
 Resource handling: ``run_daemon`` opens, in order, the HTTP client used for OIDC, the
-identity provider's discovery, the store, and then the HTTP server; they close in reverse
-order. SIGTERM/SIGINT trigger Hypercorn's graceful shutdown: the listener closes, in-flight
-requests get up to ``GRACEFUL_TIMEOUT`` seconds to finish, then the store closes and the
-process exits 0.
+identity provider's discovery, the store, and then the root nursery, which starts the
+sandbox supervisor, the operator control socket and the HTTP server, each with
+``nursery.start`` (ready before the next one starts). SIGTERM/SIGINT trigger Hypercorn's
+graceful shutdown: the listener closes, in-flight requests get up to ``GRACEFUL_TIMEOUT``
+seconds to finish (sandboxes keep running meanwhile); then the root nursery is cancelled,
+which stops every sandbox and removes the control socket, the store closes and the process
+exits 0.
 
 Error handling: a configuration problem found at start-up (unreachable identity provider,
-unusable data directory) raises :class:`StartupError` with one line for the operator.
+unusable data directory, a host that cannot run sandboxes, a control socket in use) raises
+:class:`StartupError` with one line for the operator.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from svcgate.asgi_io import ASGIApp
 from svcgate.data_plane import DataPlane
 from svcgate.front import Front
 from svcgate.oidc import FlowRegistry, OidcClient, OidcError
+from svcgate.operator_socket import ControlSocketError, serve_control_socket
 from svcgate.runtime_hooks import NoRuntimes
 from svcgate.settings import Settings
 from svcgate.store import open_store
+from svcgate.supervisor import SandboxSupervisor, SupervisorConfig, SupervisorStartError
 from svcgate.vault import Vault, VaultError, load_key_file
 
 log = logging.getLogger(__name__)
@@ -64,9 +70,14 @@ def _hypercorn_config(settings: Settings) -> Config:
 def prepare_data_dir(settings: Settings) -> None:
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mode = settings.data_dir.stat().st_mode & 0o777
+        if mode & 0o077:
+            # The database and the vault key live here: no access for group or others.
+            log.warning("SVC_DATA_DIR had mode %04o; tightening it to 0700", mode)
+            settings.data_dir.chmod(0o700)
     except OSError as exc:
         raise StartupError(
-            f"SVC_DATA_DIR: cannot create {str(settings.data_dir)!r} ({exc.strerror})"
+            f"SVC_DATA_DIR: cannot prepare {str(settings.data_dir)!r} ({exc.strerror})"
         ) from exc
 
 
@@ -112,8 +123,20 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                 else:
                     log.warning("OIDC is not configured: the control plane (/api/) is disabled")
                 front = Front(api, DataPlane(settings.bearer_token, store))
-                await _serve_until_signal(front, settings, signals, on_ready)
+                try:
+                    await _serve_until_signal(front, settings, signals, on_ready)
+                except BaseExceptionGroup as group:
+                    # A service that fails before it is ready fails inside the root nursery.
+                    startup, _ = group.split(StartupError)
+                    if startup is None:
+                        raise
+                    raise _first_leaf(startup) from group
     log.info("svcgate stopped")
+
+
+def _first_leaf(group: BaseExceptionGroup[StartupError]) -> StartupError:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 async def _serve_until_signal(
@@ -146,6 +169,17 @@ async def _serve_until_signal(
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_signals)
+        # Started before the HTTP server and cancelled after it has drained: requests in
+        # flight during the graceful shutdown still have their sandboxes.
+        supervisor = SandboxSupervisor(SupervisorConfig(state_dir=settings.sandbox_dir))
+        try:
+            await nursery.start(supervisor.run)
+        except SupervisorStartError as exc:
+            raise StartupError(f"sandboxes ({settings.sandbox_dir}): {exc}") from exc
+        try:
+            await nursery.start(serve_control_socket, settings.control_socket, supervisor)
+        except ControlSocketError as exc:
+            raise StartupError(f"control socket: {exc}") from exc
         binds = await nursery.start(partial(http_server))
         on_ready(binds)
         await served.wait()

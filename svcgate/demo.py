@@ -60,7 +60,7 @@ def run_demo(*, port: int, data_dir: str) -> int:
         "SVC_OIDC_CLIENT_ID": "svcgate",
         "SVC_OIDC_REDIRECT_URL": f"{origin}/api/auth/callback",
         "SVC_PUBLIC_URL": origin,
-        # The sample legacy server; a later issue runs it inside a sandbox.
+        # The sample legacy server, run inside a sandbox by the supervisor.
         "SVC_ECHO_BIN": os.environ.get("SVC_ECHO_BIN", str(ECHO_SERVER)),
     }
     try:

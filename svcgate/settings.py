@@ -22,6 +22,15 @@ DEFAULT_ADMIN_ROLE = "svc-admin"
 DEFAULT_SESSION_TTL = "168h"
 DEFAULT_DATA_DIR = "svcgate-data"
 CALLBACK_PATH = "/api/auth/callback"
+CONTROL_SOCKET_NAME = "control.sock"
+# Outside the data directory on purpose: sandbox scratch dirs are bind sources that bwrap
+# opens as the unprivileged sandbox uid, so every parent must be searchable by it, and the
+# data directory (0700) must stay closed. /run is also right for records of objects
+# (namespaces, cgroups, processes) that do not survive a reboot.
+DEFAULT_SANDBOX_DIR = "/run/svcgate/sandboxes"
+# sun_path holds 108 bytes with the terminating NUL; the daemon binds the socket under a
+# temporary name as long as "control.sock" in the same directory.
+_MAX_SOCKET_PATH = 107
 OIDC_CORE_VARS = ("SVC_OIDC_ISSUER", "SVC_OIDC_CLIENT_ID", "SVC_OIDC_REDIRECT_URL")
 
 
@@ -54,6 +63,10 @@ class Settings:
     echo_bin: Path | None
     vault_key_file: Path
     vault_key_create: bool
+    # Runtime state of sandboxes (records, namespace metadata, scratch dirs).
+    sandbox_dir: Path
+    # The operator control socket (root-only unix socket).
+    control_socket: Path
     log_level: str = "INFO"
 
     @property
@@ -173,6 +186,34 @@ def vault_key_location(env: Mapping[str, str], data_dir: Path) -> tuple[Path, bo
     return data_dir / "vault.key", True
 
 
+def data_dir_from_env(env: Mapping[str, str]) -> Path:
+    """``SVC_DATA_DIR``, else systemd's ``$STATE_DIRECTORY``, else ``./svcgate-data``."""
+    text = env.get("SVC_DATA_DIR", "") or env.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(text or DEFAULT_DATA_DIR).absolute()
+
+
+def control_socket_from_env(env: Mapping[str, str], data_dir: Path) -> Path:
+    """``SVC_CONTROL_SOCKET``, else ``<data dir>/control.sock``. Raises :class:`SettingsError`."""
+    text = env.get("SVC_CONTROL_SOCKET", "")
+    path = Path(text).absolute() if text else data_dir / CONTROL_SOCKET_NAME
+    longest = max(len(os.fsencode(path)), len(os.fsencode(path.parent / CONTROL_SOCKET_NAME)))
+    if longest > _MAX_SOCKET_PATH:
+        raise SettingsError(
+            "SVC_CONTROL_SOCKET",
+            f"{str(path)!r} is too long for a unix socket (at most {_MAX_SOCKET_PATH} bytes)",
+        )
+    return path
+
+
+def sandbox_dir_from_env(env: Mapping[str, str]) -> Path:
+    """``SVC_SANDBOX_DIR``, else ``$RUNTIME_DIRECTORY/sandboxes`` (systemd), else the default."""
+    explicit = env.get("SVC_SANDBOX_DIR", "")
+    if explicit:
+        return Path(explicit).absolute()
+    runtime = env.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return Path(runtime, "sandboxes") if runtime else Path(DEFAULT_SANDBOX_DIR)
+
+
 def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     """Parse every ``SVC_*`` variable once. Raises :class:`SettingsError`."""
     env = dict(os.environ if env is None else env)
@@ -185,8 +226,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
 
     host, port = _parse_listen(env.get("SVC_LISTEN", "") or DEFAULT_LISTEN)
 
-    data_dir_text = env.get("SVC_DATA_DIR", "") or env.get("STATE_DIRECTORY", "").split(":")[0]
-    data_dir = Path(data_dir_text or DEFAULT_DATA_DIR).absolute()
+    data_dir = data_dir_from_env(env)
     if data_dir.exists() and not data_dir.is_dir():
         raise SettingsError("SVC_DATA_DIR", f"{str(data_dir)!r} exists and is not a directory")
 
@@ -225,6 +265,10 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
             raise SettingsError("SVC_ECHO_BIN", f"{echo_text!r} is not executable")
 
     vault_key_file, vault_key_create = vault_key_location(env, data_dir)
+    control_socket = control_socket_from_env(env, data_dir)
+    sandbox_dir = sandbox_dir_from_env(env)
+    if sandbox_dir.exists() and not sandbox_dir.is_dir():
+        raise SettingsError("SVC_SANDBOX_DIR", f"{str(sandbox_dir)!r} is not a directory")
 
     log_level = (env.get("SVC_LOG_LEVEL", "") or "INFO").upper()
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -242,5 +286,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         echo_bin=echo_bin,
         vault_key_file=vault_key_file,
         vault_key_create=vault_key_create,
+        sandbox_dir=sandbox_dir,
+        control_socket=control_socket,
         log_level=log_level,
     )

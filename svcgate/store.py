@@ -15,6 +15,7 @@ finishes (commit or rollback) before the cancellation is delivered.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -124,6 +125,9 @@ class Store:
 async def open_store(path: Path) -> AsyncIterator[Store]:
     """Open (creating and migrating) the database at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # SQLite gives the -wal and -shm files the database file's mode: create it 0600 first.
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    os.chmod(path, 0o600)
 
     def _open() -> sqlite3.Connection:
         conn = _connect(path, readonly=False)

@@ -235,3 +235,15 @@ def test_connection_close_request_gets_its_connection_closed(idp: DevIdP, tmp_pa
             except TimeoutError:
                 pytest.fail(f"the server never closed the connection; received {received!r}")
         assert received.startswith(b"HTTP/1.1 401 ")
+
+
+def test_a_group_readable_data_dir_is_tightened(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+    gw = start_gateway(tmp_path, idp=None, data_dir=data)
+    try:
+        assert (data.stat().st_mode & 0o777) == 0o700
+        assert ((data / "svcgate.db").stat().st_mode & 0o777) == 0o600
+    finally:
+        assert gw.stop() == 0

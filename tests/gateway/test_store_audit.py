@@ -146,3 +146,10 @@ async def test_deep_pages_read_only_their_rows_with_many_events(tmp_path: Path) 
 
             await store.read(count_steps)
             assert len(steps) < 100, query  # < 10,000 VM steps for 50 of 200,000 rows
+
+
+async def test_database_files_are_private(tmp_path: Path) -> None:
+    async with open_store(tmp_path / "s.db") as store:
+        await store.write(lambda c: audit.record(c, kind="auth", decision="login"))
+        for name in ("s.db", "s.db-wal", "s.db-shm"):
+            assert ((tmp_path / name).stat().st_mode & 0o777) == 0o600, name
