@@ -112,6 +112,8 @@ def test_a_non_root_operator_is_told_permission_denied(daemon: Gateway) -> None:
         shutil.copytree(REPO / "svcgate", copy / "svcgate", ignore=shutil.ignore_patterns("*.pyc"))
         for path in copy.rglob("*"):
             path.chmod(0o755 if path.is_dir() else 0o644)
+        # Python's import system lists each sys.path entry; 0711 would hide the package.
+        copy.chmod(0o755)
         result = subprocess.run(
             [
                 "/usr/bin/python3",
@@ -121,6 +123,7 @@ def test_a_non_root_operator_is_told_permission_denied(daemon: Gateway) -> None:
                 "ls",
             ],
             env={"PYTHONPATH": str(copy), "SVC_DATA_DIR": str(data_dir_of(daemon))},
+            cwd="/",  # the checkout may sit below a directory uid 65534 cannot enter
             user=65534,
             group=65534,
             extra_groups=[],
