@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
+from process_support import processes_with
 
 from sandbox.limits import CgroupManager, detect_cgroups
-from sandbox.process_tree import pidfd_open, wait_exit
 from svcgate.legacy_spec import legacy_spec_factory
 from svcgate.supervisor import (
     SandboxHandle,
@@ -31,13 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 ECHO_SOURCE = REPO / "svcgate" / "examples" / "echo_server.py"
 
 
-def public_tmpdir(tag: str) -> Path:
-    """A fresh directory the sandbox host uid (65534) can traverse (pytest's tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix=f"svcg-{tag}-", dir="/tmp"))
-    path.chmod(0o711)
-    return path
-
-
 def copy_echo_server(directory: Path) -> Path:
     """The repository's echo server, copied where the sandbox uid can read it."""
     target = directory / "echo_server.py"
@@ -49,20 +40,6 @@ def copy_echo_server(directory: Path) -> Path:
 def unique_server(base: str = "echo") -> str:
     """A server name that also marks the sandbox's processes (it is in their argv)."""
     return f"{base}-{secrets.token_hex(4)}"
-
-
-def processes_with(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            found.append(int(entry))
-    return found
 
 
 def leftovers(state_dir: Path, markers: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -79,19 +56,6 @@ def leftovers(state_dir: Path, markers: tuple[str, ...] = ()) -> dict[str, Any]:
         "processes": [pid for marker in markers for pid in processes_with(marker)],
     }
     return {k: v for k, v in found.items() if v}
-
-
-async def wait_all_gone(pids: list[int], within: float) -> None:
-    """Wait (bounded, through pidfds) until every process in ``pids`` has exited."""
-    fds = [fd for fd in (pidfd_open(pid) for pid in pids) if fd is not None]
-    try:
-        with trio.fail_after(within):
-            for fd in fds:
-                await wait_exit(fd)
-    finally:
-        for fd in fds:
-            trio.lowlevel.notify_closing(fd)
-            os.close(fd)
 
 
 @asynccontextmanager

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import Gateway, api, login
+from gateway_support import Gateway, api, login
 
 from svcgate.host_patterns import HostPatternError, matches, normalize_pattern
 from svcgate.vault import Sealed, Vault, VaultError, load_key_file

@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx2
-from conftest import Gateway, api, authorize, free_port, login
+from gateway_support import Gateway, api, authorize, free_port, login
 
 
 def test_demo_starts_with_a_local_identity_provider_and_demo_users(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx2
 import pytest
-from conftest import Gateway, api, authorize, begin_login, finish_login, login, start_gateway
+from gateway_support import Gateway, api, authorize, begin_login, finish_login, login, start_gateway
 
 from devidp.provider import DevIdP
 

@@ -7,7 +7,7 @@ import socket
 
 import httpx2
 import pytest
-from conftest import Gateway, api, login, start_gateway
+from gateway_support import Gateway, api, login, start_gateway
 
 LEGACY = "legacy-test-token-0123456789"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from conftest import Gateway, api, login
+from gateway_support import Gateway, api, login
 
 JSON = {"Content-Type": "application/json"}
 

@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 import pytest
-from conftest import (
+from gateway_support import (
     Gateway,
     api,
     authorize,

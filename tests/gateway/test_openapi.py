@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import schemathesis
-from conftest import Gateway, api, login
+from gateway_support import Gateway, api, login
 from hypothesis import HealthCheck, given, settings
 from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 

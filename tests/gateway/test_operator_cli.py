@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Gateway, start_gateway
-from supervisor_helpers import REPO, public_tmpdir
+from gateway_support import Gateway, start_gateway
+from process_support import public_tmpdir
+from supervisor_helpers import REPO
 
 if os.geteuid() != 0:  # pragma: no cover - CI and dev machines run these as root
     pytest.skip("the daemon runs sandboxes and needs root", allow_module_level=True)

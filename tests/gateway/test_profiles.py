@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx2
 import pytest
-from conftest import Gateway, api, login
+from gateway_support import Gateway, api, login
 
 LEGACY = "legacy-test-token-0123456789"
 

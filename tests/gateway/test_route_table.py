@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from conftest import Gateway, api, login
+from gateway_support import Gateway, api, login
 
 from svcgate.api.app import create_api_app
 from svcgate.api.context import Services

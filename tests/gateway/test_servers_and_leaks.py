@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import Gateway, api, login, start_gateway
+from gateway_support import Gateway, api, login, start_gateway
 
 from devidp.provider import DevIdP
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from gateway_support import free_port
 
 from svcgate.settings import SettingsError, settings_from_env
 

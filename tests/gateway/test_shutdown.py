@@ -16,7 +16,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import Gateway, api, login, start_gateway
+from gateway_support import Gateway, api, login, start_gateway
 
 from devidp.provider import DevIdP
 

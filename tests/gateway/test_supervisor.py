@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 import trio
+from process_support import public_tmpdir, wait_all_gone
 from supervisor_helpers import (
     StdioClient,
     copy_echo_server,
     ensure_echo,
     leftovers,
     owner_of,
-    public_tmpdir,
     running_supervisor,
     unique_server,
-    wait_all_gone,
 )
 
 import netns

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import trio
+from process_support import public_tmpdir
 from supervisor_helpers import (
     copy_echo_server,
     ensure_echo,
     leftovers,
-    public_tmpdir,
     running_supervisor,
     unique_server,
 )

@@ -27,7 +27,8 @@ for _path in (str(HERE.parents[1]), str(HERE)):
 if "sandbox" in sys.modules and getattr(sys.modules["sandbox"], "__file__", None) is None:
     del sys.modules["sandbox"]  # a namespace package imported before the fix above
 
-from sandbox_helpers import PROBE_PYTHON, leftovers, public_tmpdir  # noqa: E402
+from process_support import public_tmpdir  # noqa: E402
+from sandbox_helpers import PROBE_PYTHON, leftovers  # noqa: E402
 
 from sandbox import Bind, LauncherConfig, SandboxSpec, open_launcher  # noqa: E402
 from sandbox.launcher import Launcher  # noqa: E402

@@ -3,44 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
+from process_support import processes_with
 
 from sandbox.launcher import Sandbox
 from sandbox.limits import CgroupManager, detect_cgroups
 
 PROBE_PYTHON = "/usr/bin/python3"  # Debian's: host mode binds /usr, not /root/.pyenv
-
-
-def public_tmpdir(tag: str) -> Path:
-    """A fresh directory the sandbox host uid can traverse.
-
-    bwrap runs as the unprivileged sandbox host uid: bind sources and the state dir must be
-    reachable by it, which pytest's 0700 tmp_path is not.
-    """
-    path = Path(tempfile.mkdtemp(prefix=f"svcg-{tag}-", dir="/tmp"))
-    path.chmod(0o711)
-    return path
-
-
-def processes_with(marker: str) -> list[int]:
-    """Host pids whose command line contains ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmdline:
-            found.append(int(entry))
-    return found
 
 
 def leftovers(state_dir: Path, prefix: str, marker: str | None = None) -> dict[str, Any]:

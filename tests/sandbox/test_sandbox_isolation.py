@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import pytest
 import trio
+from process_support import public_tmpdir
 from pyroute2.iproute import IPRoute
-from sandbox_helpers import Probe, public_tmpdir
+from sandbox_helpers import Probe
 
 from sandbox.launcher import Launcher
 from sandbox.spec import SANDBOX_TMP, SandboxSpec

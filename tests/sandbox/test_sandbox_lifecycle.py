@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from process_support import wait_all_gone
 from sandbox_helpers import Probe, leftovers
 
 from netns import namespace_path
@@ -26,19 +27,6 @@ from sandbox.spec import Bind
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-
-
-async def wait_all_gone(pids: list[int], within: float) -> None:
-    """Wait (bounded) until every process in ``pids`` has exited."""
-    fds = [fd for fd in (pidfd_open(pid) for pid in pids) if fd is not None]
-    try:
-        with trio.fail_after(within):
-            for fd in fds:
-                await wait_exit(fd)
-    finally:
-        for fd in fds:
-            trio.lowlevel.notify_closing(fd)
-            os.close(fd)
 
 
 async def test_stop_leaves_no_process_namespace_cgroup_or_scratch(

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from sandbox_helpers import public_tmpdir
+from process_support import public_tmpdir
 
 from sandbox import LauncherConfig, open_launcher, seccomp
 from sandbox import host as hostmod
