@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint system-packages clean
+.PHONY: demo test lint system-packages node-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,13 +18,16 @@ $(VENV)/.installed: pyproject.toml
 system-packages:
 	@scripts/system-packages
 
+node-deps:
+	@scripts/node-deps
+
 demo: $(VENV)/.installed system-packages
 	$(VENV)/bin/svcgate demo
 
 lint: $(VENV)/.installed
 	scripts/lint
 
-test: $(VENV)/.installed system-packages
+test: $(VENV)/.installed system-packages node-deps
 	scripts/lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -37,7 +37,8 @@ from svcgate.data_plane import DataPlane
 from svcgate.front import Front
 from svcgate.oidc import FlowRegistry, OidcClient, OidcError
 from svcgate.operator_socket import ControlSocketError, serve_control_socket
-from svcgate.runtime_hooks import NoRuntimes
+from svcgate.runtime import TEARDOWN_DEADLINE, RuntimeManager
+from svcgate.server_defs import ConfiguredServers
 from svcgate.settings import Settings
 from svcgate.store import open_store
 from svcgate.supervisor import SandboxSupervisor, SupervisorConfig, SupervisorStartError
@@ -101,8 +102,12 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                     raise StartupError(f"SVC_OIDC_ISSUER: {exc}") from exc
                 log.info("OIDC provider %s discovered", oidc.metadata.issuer)
             async with open_store(settings.data_dir / DB_NAME) as store:
+                configured = list(settings.local_servers)
                 if settings.echo_bin is not None:
-                    await store.write(servers.ensure_legacy_server)
+                    configured.append(servers.LEGACY_SERVER)
+                await store.write(lambda conn: servers.ensure_server_rows(conn, configured))
+                supervisor = SandboxSupervisor(SupervisorConfig(state_dir=settings.sandbox_dir))
+                runtimes = RuntimeManager(store, supervisor, ConfiguredServers(settings))
                 api: ASGIApp | None = None
                 if oidc is not None:
                     # Quart types its ASGI signature with hypercorn's TypedDicts; ours are plain.
@@ -115,16 +120,21 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                                 oidc=oidc,
                                 flow_key=secrets.token_bytes(32),
                                 flows=FlowRegistry(),
-                                runtimes=NoRuntimes(),
+                                runtimes=runtimes,
                                 vault=vault,
                             )
                         ),
                     )
                 else:
                     log.warning("OIDC is not configured: the control plane (/api/) is disabled")
-                front = Front(api, DataPlane(settings.bearer_token, store))
+                front = Front(
+                    api,
+                    DataPlane(settings.bearer_token, store, runtimes, settings.mcp_origins),
+                )
                 try:
-                    await _serve_until_signal(front, settings, signals, on_ready)
+                    await _serve_until_signal(
+                        front, settings, supervisor, runtimes, signals, on_ready
+                    )
                 except BaseExceptionGroup as group:
                     # A service that fails before it is ready fails inside the root nursery.
                     startup, _ = group.split(StartupError)
@@ -142,6 +152,8 @@ def _first_leaf(group: BaseExceptionGroup[StartupError]) -> StartupError:
 async def _serve_until_signal(
     front: Front,
     settings: Settings,
+    supervisor: SandboxSupervisor,
+    runtimes: RuntimeManager,
     signals: AsyncIterator[int],
     on_ready: Callable[[list[str]], None],
 ) -> None:
@@ -171,11 +183,11 @@ async def _serve_until_signal(
         nursery.start_soon(watch_signals)
         # Started before the HTTP server and cancelled after it has drained: requests in
         # flight during the graceful shutdown still have their sandboxes.
-        supervisor = SandboxSupervisor(SupervisorConfig(state_dir=settings.sandbox_dir))
         try:
             await nursery.start(supervisor.run)
         except SupervisorStartError as exc:
             raise StartupError(f"sandboxes ({settings.sandbox_dir}): {exc}") from exc
+        await nursery.start(runtimes.run)
         try:
             await nursery.start(serve_control_socket, settings.control_socket, supervisor)
         except ControlSocketError as exc:
@@ -183,6 +195,9 @@ async def _serve_until_signal(
         binds = await nursery.start(partial(http_server))
         on_ready(binds)
         await served.wait()
+        # Profile runtimes first (they stop their sandboxes), then everything else.
+        with trio.move_on_after(TEARDOWN_DEADLINE):
+            await runtimes.close()
         nursery.cancel_scope.cancel()
 
 

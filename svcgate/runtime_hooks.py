@@ -1,15 +1,16 @@
 """The one interface the control plane uses to tear down warm profile runtimes.
 
 Bundle edits, profile deletion and server removal call :meth:`RuntimeInvalidator.invalidate`
-after their transaction commits. The data plane's profile-runtime supervisor implements it;
-until then :class:`NoRuntimes` does nothing because nothing is ever warm.
+after their transaction commits. The data plane's profile-runtime supervisor
+(:class:`svcgate.runtime.RuntimeManager`) implements it;
+:class:`NoRuntimes` (tests of the control plane alone) does nothing: nothing is ever warm.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +18,9 @@ log = logging.getLogger(__name__)
 class RuntimeInvalidator(Protocol):
     async def invalidate(self, profile_ids: Iterable[int], *, reason: str) -> None:
         """Tear down the warm runtimes of these profiles (a no-op for cold ones)."""
+
+    def status(self, profile_id: int, *, detail: bool) -> dict[str, Any]:
+        """The runtime state of a profile, for ``GET /api/profiles/{id}``."""
 
 
 class NoRuntimes:
@@ -26,3 +30,6 @@ class NoRuntimes:
         ids = sorted(profile_ids)
         if ids:
             log.info("invalidate runtimes of profiles %s (%s)", ids, reason)
+
+    def status(self, profile_id: int, *, detail: bool) -> dict[str, Any]:
+        return {"state": "cold", "servers": []}

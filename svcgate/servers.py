@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterable
 from typing import Any
 
 from svcgate.clock import now_iso
@@ -24,7 +25,28 @@ def list_servers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 
 
 def ensure_legacy_server(conn: sqlite3.Connection) -> None:
-    conn.execute(
+    ensure_server_rows(conn, [LEGACY_SERVER])
+
+
+def ensure_server_rows(conn: sqlite3.Connection, names: Iterable[str]) -> None:
+    """Record configured servers (legacy ``echo``, ``SVC_SERVERS_FILE``) in the catalogue."""
+    now = now_iso()
+    conn.executemany(
         "INSERT INTO servers (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
-        (LEGACY_SERVER, now_iso()),
+        [(name, now) for name in names],
     )
+
+
+def installed_names(conn: sqlite3.Connection) -> list[str]:
+    """Every installed server: the legacy endpoint's bundle."""
+    return [row[0] for row in conn.execute("SELECT name FROM servers ORDER BY name")]
+
+
+def profile_bundle(conn: sqlite3.Connection, profile_id: int) -> list[str]:
+    """The server names assigned to a profile (installed or not), sorted."""
+    rows = conn.execute(
+        "SELECT s.name FROM profile_servers ps JOIN servers s ON s.id = ps.server_id"
+        " WHERE ps.profile_id = ? ORDER BY s.name",
+        (profile_id,),
+    )
+    return [row[0] for row in rows]

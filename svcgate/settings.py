@@ -16,6 +16,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from svcgate.duration import parse_duration
+from svcgate.local_servers import LocalServer, LocalServersError, parse_local_servers
+from svcgate.servers import LEGACY_SERVER
 
 DEFAULT_LISTEN = "0.0.0.0:8080"  # the product listens on all interfaces by default (SPEC)
 DEFAULT_ADMIN_ROLE = "svc-admin"
@@ -68,6 +70,16 @@ class Settings:
     # The operator control socket (root-only unix socket).
     control_socket: Path
     log_level: str = "INFO"
+    # Operator-defined servers (SVC_SERVERS_FILE), by name.
+    local_servers: Mapping[str, LocalServer] = field(default_factory=dict)
+    # Extra origins allowed to call the MCP endpoints (SVC_MCP_ALLOWED_ORIGINS).
+    mcp_allowed_origins: tuple[str, ...] = ()
+
+    @property
+    def mcp_origins(self) -> tuple[str, ...]:
+        """Origins a browser may call the data plane from (A5); others get 403."""
+        own = (self.public_origin,) if self.public_origin else ()
+        return own + self.mcp_allowed_origins
 
     @property
     def control_plane_enabled(self) -> bool:
@@ -270,6 +282,30 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     if sandbox_dir.exists() and not sandbox_dir.is_dir():
         raise SettingsError("SVC_SANDBOX_DIR", f"{str(sandbox_dir)!r} is not a directory")
 
+    local_servers: dict[str, LocalServer] = {}
+    servers_file = env.get("SVC_SERVERS_FILE", "")
+    if servers_file:
+        try:
+            local_servers = parse_local_servers(Path(servers_file).read_bytes())
+        except OSError as exc:
+            raise SettingsError(
+                "SVC_SERVERS_FILE", f"cannot read {servers_file!r} ({exc.strerror})"
+            ) from exc
+        except LocalServersError as exc:
+            raise SettingsError("SVC_SERVERS_FILE", str(exc)) from exc
+        if echo_bin is not None and LEGACY_SERVER in local_servers:
+            raise SettingsError("SVC_SERVERS_FILE", f"{LEGACY_SERVER!r} is taken by SVC_ECHO_BIN")
+
+    mcp_allowed_origins: list[str] = []
+    for item in env.get("SVC_MCP_ALLOWED_ORIGINS", "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        _, _, origin = _parse_http_url("SVC_MCP_ALLOWED_ORIGINS", item)
+        if origin != item.rstrip("/"):
+            raise SettingsError("SVC_MCP_ALLOWED_ORIGINS", f"{item!r} is not an origin")
+        mcp_allowed_origins.append(origin)
+
     log_level = (env.get("SVC_LOG_LEVEL", "") or "INFO").upper()
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError("SVC_LOG_LEVEL", "must be one of DEBUG, INFO, WARNING, ERROR")
@@ -289,4 +325,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         sandbox_dir=sandbox_dir,
         control_socket=control_socket,
         log_level=log_level,
+        local_servers=local_servers,
+        mcp_allowed_origins=tuple(mcp_allowed_origins),
     )

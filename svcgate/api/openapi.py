@@ -53,6 +53,34 @@ PROFILE = {
         "endpoint": {"type": "string"},
         "servers": {"type": "array", "items": {"type": "string"}},
         "token": {"type": "string", "description": "Only in create and rotate responses."},
+        "runtime": {"$ref": "#/components/schemas/Runtime"},
+    },
+}
+RUNTIME = {
+    "type": "object",
+    "description": "Only in GET /api/profiles/{id}: the profile runtime's state.",
+    "required": ["state", "servers"],
+    "properties": {
+        "state": {"type": "string", "enum": ["cold", "starting", "warm"]},
+        "servers": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "state", "tools"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "state": {
+                        "type": "string",
+                        "enum": ["starting", "ready", "failed", "exited", "skipped"],
+                    },
+                    "tools": {"type": "integer", "description": "Tools exposed."},
+                    "error": {
+                        "type": ["string", "null"],
+                        "description": "Why it is not ready; admins only.",
+                    },
+                },
+            },
+        },
     },
 }
 SERVER = {
@@ -120,6 +148,7 @@ COMPONENTS = {
     "Error": ERROR,
     "User": USER,
     "Profile": PROFILE,
+    "Runtime": RUNTIME,
     "Server": SERVER,
     "CredentialMetadata": CREDENTIAL,
     "AuditEvent": AUDIT_EVENT,

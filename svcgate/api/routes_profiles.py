@@ -83,11 +83,17 @@ async def create_profile() -> tuple[dict[str, Any], int]:
 
 @bp.get("/<int:profile_id>")
 @access("session")
-@documented("One profile", response=ref("Profile"), errors=(404,))
+@documented(
+    "One profile, with its runtime state (cold or warm, per-server status)",
+    response=ref("Profile"),
+    errors=(404,),
+)
 async def get_profile(profile_id: int) -> dict[str, Any]:
     owner, pid = _owner(), _checked_id(profile_id)
     profile = await services().store.read(lambda conn: profiles.get_profile(conn, pid, owner))
-    return profile.public()
+    # Start errors can name host paths: only admins (the real user) see them.
+    detail = caller().real_user.role == "admin"
+    return {**profile.public(), "runtime": services().runtimes.status(pid, detail=detail)}
 
 
 @bp.patch("/<int:profile_id>")

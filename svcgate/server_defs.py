@@ -1,0 +1,46 @@
+"""Which servers this gateway can run, and how: the resolver the profile runtimes use.
+
+Today a server is runnable when it is the legacy fallback (``echo`` with ``SVC_ECHO_BIN``)
+or defined in ``SVC_SERVERS_FILE``. A server row with neither (the variable was unset, the
+file entry removed) resolves to None and is skipped at spawn with a log line (SPEC).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from sandbox import Bind, SandboxSpec
+from svcgate.legacy_spec import SANDBOX_ENV, legacy_server_spec
+from svcgate.local_servers import LocalServer
+from svcgate.runtime import ServerDefinition
+from svcgate.servers import LEGACY_SERVER
+from svcgate.settings import Settings
+from svcgate.supervisor import SandboxKey, SandboxOwner
+
+
+def local_server_spec(server: LocalServer, key: SandboxKey, owner: SandboxOwner) -> SandboxSpec:
+    """The sandbox that runs ``server`` for ``owner``'s profile (host ``/usr``, read-only binds)."""
+    return SandboxSpec(
+        command=server.command,
+        label=f"{owner.profile_slug}/{key.server}",
+        env={**SANDBOX_ENV, **dict(server.env)},
+        binds=tuple(Bind(source, dest) for source, dest in server.binds),
+    )
+
+
+class ConfiguredServers:
+    """Resolves server names from the settings (legacy echo, ``SVC_SERVERS_FILE``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._definitions: dict[str, ServerDefinition] = {}
+        for name, server in settings.local_servers.items():
+            self._definitions[name] = ServerDefinition(
+                name, partial(local_server_spec, server), server.default_tools
+            )
+        if settings.echo_bin is not None:
+            self._definitions[LEGACY_SERVER] = ServerDefinition(
+                LEGACY_SERVER, partial(legacy_server_spec, settings.echo_bin)
+            )
+
+    def resolve(self, name: str) -> ServerDefinition | None:
+        return self._definitions.get(name)
