@@ -44,6 +44,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, get_args
@@ -87,6 +88,8 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
 INITIALIZE_TIMEOUT = 60.0
 LIST_TIMEOUT = 30.0
 TEARDOWN_DEADLINE = 15.0
+ANNOUNCE_DEADLINE = 1.0
+MAX_LISTENERS = 1024  # sessions per profile that get list_changed notifications
 MAX_LIST_PAGES = 100
 INTERNAL_ERROR = types.INTERNAL_ERROR
 INVALID_PARAMS = types.INVALID_PARAMS
@@ -259,7 +262,8 @@ class ProfileRuntime:
         self._nursery: trio.Nursery | None = None
         self._http: StreamableHTTPSessionManager | None = None
         # Handshake sessions that listed something: where list_changed notifications go.
-        self._listeners: dict[str, Any] = {}
+        # Bounded: a session that ended without a broadcast in between stays until evicted.
+        self._listeners: OrderedDict[str, Any] = OrderedDict()
         # The aggregated catalogue, rebuilt when a server's lists change.
         self._tools: list[dict[str, Any]] = []
         self._prompts: list[dict[str, Any]] = []
@@ -520,6 +524,9 @@ class ProfileRuntime:
         session_id = _session_id(ctx)
         if session_id is not None:
             self._listeners[session_id] = ctx.session
+            self._listeners.move_to_end(session_id)
+            while len(self._listeners) > MAX_LISTENERS:
+                self._listeners.popitem(last=False)
 
     async def _list_tools(self, ctx: Ctx, params: Any) -> dict[str, Any]:
         self._listen(ctx)
@@ -659,6 +666,10 @@ class ProfileRuntime:
                     await self._broadcast(kind)
         finally:
             server.refreshing.discard(kind)
+
+    async def announce_teardown(self) -> None:
+        """The bundle is going away: every list changes."""
+        await self._broadcast("tools", "prompts", "resources")
 
     async def _broadcast(self, *kinds: str) -> None:
         """Tell every handshake session that listed something that these lists changed."""
@@ -864,6 +875,14 @@ class RuntimeManager:
         for entry in entries:
             log.info("profile %s: runtime invalidated (%s)", entry.target.slug, reason)
             del self._entries[entry.target.profile_id]
+        # Tell open sessions their lists changed (best effort, bounded) before they end, so
+        # a client listening on its GET stream re-lists after reconnecting.
+        with trio.move_on_after(ANNOUNCE_DEADLINE):
+            async with trio.open_nursery() as nursery:
+                for entry in entries:
+                    if entry.runtime is not None and not entry.runtime.closed:
+                        nursery.start_soon(entry.runtime.announce_teardown)
+        for entry in entries:
             entry.scope.cancel()
         for entry in entries:
             await entry.done.wait()

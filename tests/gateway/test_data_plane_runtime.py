@@ -349,3 +349,26 @@ async def test_legacy_endpoint_aggregates_every_installed_server(dp: DataPlaneGa
                 url, json=INIT, headers={"Authorization": f"Bearer {wrong}", "Accept": ACCEPT}
             )
             assert response.status_code == 401
+
+
+async def test_a_bundle_change_announces_list_changed_before_the_teardown(
+    dp: DataPlaneGateway,
+) -> None:
+    profile = await trio.to_thread.run_sync(dp.create_profile, "announced", ["probe"])
+    changed = trio.Event()
+
+    async def on_message(message: Any) -> None:
+        root = getattr(message, "root", message)
+        if getattr(root, "method", None) == "notifications/tools/list_changed":
+            changed.set()
+
+    with trio.fail_after(30):
+        async with mcp_client(
+            dp.endpoint("announced"), profile["token"], message_handler=on_message
+        ) as client:
+            await client.list_tools()
+            await trio.to_thread.run_sync(dp.set_servers, profile, ["probe2"])
+            await changed.wait()
+    async with mcp_client(dp.endpoint("announced"), profile["token"]) as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+    assert "probe2_echo" in names and not any(n.startswith("probe_") for n in names)
