@@ -29,8 +29,9 @@ through the same checks before the MCP transport sees it:
    runtime torn down under a request (bundle edit, profile deletion) ends that request.
 
 Every refusal (403, 401, 429) first reads and discards a request body of up to
-:data:`DRAIN_LIMIT`, so the connection stays usable for the client's next request; a larger
-body is not read and the refusal closes the connection (``Connection: close``).
+:data:`DRAIN_LIMIT`, so the connection stays usable for the client's next request. A
+refusal of a larger body (and a 413) is sent at once with ``Connection: close``, while the
+rest of the body is read and discarded (never kept) until it ends or the connection closes.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import pydantic_core
 import trio
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 
-from svcgate.asgi_io import Message, Receive, Scope, Send, header, send_json
+from svcgate.asgi_io import Message, Receive, Scope, Send, header, respond_closing, send_json
 from svcgate.errors import envelope
 from svcgate.ratelimit import FailureLimiter, source_key
 from svcgate.runtime import (
@@ -78,27 +79,22 @@ def bearer_token(scope: Scope) -> str | None:
     return match.group(1).decode("ascii") if match else None
 
 
-async def _drained(scope: Scope, receive: Receive) -> bool:
-    """Read and discard the request body before a refusal, so the connection can carry the
-    client's next request; False if it is larger than :data:`DRAIN_LIMIT` (or the client is
-    gone): the refusal then closes the connection.
-
-    Hypercorn drops a keep-alive connection whose response ended before the request body
-    was received, without telling the client, whose next request on it then fails.
-    """
+async def _drain(scope: Scope, receive: Receive, limit: int) -> bool | None:
+    """Read and discard the request body up to ``limit`` bytes: True once it is all read,
+    False if more is coming (or a larger one is declared), None if the client is gone."""
     declared = header(scope, b"content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > DRAIN_LIMIT):
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
         return False
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return False
+            return None
         size += len(message.get("body", b""))
-        if size > DRAIN_LIMIT:
-            return False
         if not message.get("more_body", False):
             return True
+        if size > limit:
+            return False
 
 
 async def _refuse(
@@ -109,9 +105,17 @@ async def _refuse(
     body: object,
     headers: list[tuple[bytes, bytes]],
 ) -> None:
-    if not await _drained(scope, receive):
-        headers = [*headers, (b"connection", b"close")]
-    await send_json(send, status, body, headers)
+    """Send a refusal after the request body (see the module docstring)."""
+    # A response that ends before the request body was received makes Hypercorn drop the
+    # keep-alive connection without telling the client, whose next request then fails.
+    drained = await _drain(scope, receive, DRAIN_LIMIT)
+    if drained is None:
+        return
+    if drained:
+        await send_json(send, status, body, headers)
+        return
+    closing = [*headers, (b"connection", b"close")]
+    await respond_closing(receive, lambda: send_json(send, status, body, closing))
 
 
 def _jsonrpc_error(message: str, code: int = -32603) -> bytes:
@@ -309,12 +313,12 @@ class DataPlane:
             try:
                 body = await _read_body(scope, receive)
             except _BodyTooLarge:
-                await _send_jsonrpc_error(
-                    send,
-                    413,
-                    INVALID_REQUEST,
-                    f"request body larger than {MAX_BODY // (1024 * 1024)} MiB",
-                    [(b"connection", b"close")],
+                message = f"request body larger than {MAX_BODY // (1024 * 1024)} MiB"
+                await respond_closing(
+                    receive,
+                    lambda: _send_jsonrpc_error(
+                        send, 413, INVALID_REQUEST, message, [(b"connection", b"close")]
+                    ),
                 )
                 return
             if body is None:

@@ -14,7 +14,16 @@ from __future__ import annotations
 
 import trio
 
-from svcgate.asgi_io import ASGIApp, Message, Receive, Scope, Send, header, send_json
+from svcgate.asgi_io import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    header,
+    respond_closing,
+    send_json,
+)
 from svcgate.data_plane import DataPlane
 from svcgate.errors import envelope
 from svcgate.settings import OIDC_CORE_VARS
@@ -112,21 +121,28 @@ class Front:
             await send_json(send, 404, envelope("control_plane_disabled", DISABLED_MESSAGE))
             return
         if header(scope, b"content-encoding") not in (None, b"identity"):
-            await send_json(
-                send,
-                415,
-                envelope("invalid", "compressed request bodies are not accepted"),
-                [(b"connection", b"close")],
+            await respond_closing(
+                receive,
+                lambda: send_json(
+                    send,
+                    415,
+                    envelope("invalid", "compressed request bodies are not accepted"),
+                    [(b"connection", b"close")],
+                ),
             )
             return
         try:
             body = await read_body(scope, receive, MAX_BODY)
         except BodyTooLarge:
-            await send_json(
-                send,
-                413,
-                envelope("invalid", f"request body larger than {MAX_BODY // 1024} KiB"),
-                [(b"connection", b"close")],
+            # The rest of the body is discarded while the 413 goes out (see respond_closing).
+            await respond_closing(
+                receive,
+                lambda: send_json(
+                    send,
+                    413,
+                    envelope("invalid", f"request body larger than {MAX_BODY // 1024} KiB"),
+                    [(b"connection", b"close")],
+                ),
             )
             return
         await self._api(scope, _replay(body, receive), _shielded(send))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -201,6 +202,25 @@ class _AggregateServer(Server[Any]):
         )
 
 
+class _SessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager with 128-bit session ids (THREATS A6).
+
+    The SDK names sessions ``uuid4().hex``: 32 hex digits but only 122 random bits. The id is
+    replaced right after admission, before the SDK reads it (``_admit_session`` is private in
+    mcp 2.3; pinned, and covered by the A6 test).
+    """
+
+    def _admit_session(self, requestor: Any) -> Any:
+        transport = super()._admit_session(requestor)
+        if transport is not None and transport.mcp_session_id is not None:
+            old, new = transport.mcp_session_id, secrets.token_hex(16)
+            transport.mcp_session_id = new
+            self._server_instances[new] = self._server_instances.pop(old)
+            if old in self._session_owners:
+                self._session_owners[new] = self._session_owners.pop(old)
+        return transport
+
+
 Ctx = ServerRequestContext[Any, Any]
 
 
@@ -286,7 +306,7 @@ class ProfileRuntime:
                     states = ", ".join(f"{s.name} {s.state.value}" for s in self.servers.values())
                     raise RuntimeStartError(f"no server of the bundle started ({states})")
                 self._rebuild()
-                self._http = StreamableHTTPSessionManager(
+                self._http = _SessionManager(
                     app=self._build_server(),
                     security_settings=TransportSecuritySettings(
                         # The data plane checks Origin itself (403) before we get here.
