@@ -10,15 +10,37 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from svcgate.daemon import serve_settings
-from svcgate.settings import SettingsError, settings_from_env
+from svcgate.settings import SettingsError, sandbox_dir_from_env, settings_from_env
 
 ECHO_SERVER = Path(__file__).parent / "examples" / "echo_server.py"
 DEMO_USERS = (("alice", "alice", "admin"), ("bob", "bob", "user"), ("carol", "carol", "user"))
+
+
+def _stage_echo_server(env: dict[str, str]) -> Path:
+    """A copy of the sample server that the sandbox uid can read.
+
+    bwrap opens bind sources as the unprivileged sandbox uid, and a checkout often sits
+    under a private home directory; the copy lives beside the sandbox state directory.
+    """
+    try:
+        stage = sandbox_dir_from_env(env).parent / "demo-servers"
+        stage.mkdir(parents=True, exist_ok=True)
+        stage.chmod(0o755)
+        target = stage / ECHO_SERVER.name
+        shutil.copyfile(ECHO_SERVER, target)
+        target.chmod(0o755)
+    except OSError as exc:
+        print(
+            f"svcgate: cannot stage the sample server ({exc}); using it in place", file=sys.stderr
+        )
+        return ECHO_SERVER
+    return target
 
 
 def _start_idp() -> tuple[subprocess.Popen[str], str]:
@@ -60,9 +82,9 @@ def run_demo(*, port: int, data_dir: str) -> int:
         "SVC_OIDC_CLIENT_ID": "svcgate",
         "SVC_OIDC_REDIRECT_URL": f"{origin}/api/auth/callback",
         "SVC_PUBLIC_URL": origin,
-        # The sample legacy server, run inside a sandbox by the supervisor.
-        "SVC_ECHO_BIN": os.environ.get("SVC_ECHO_BIN", str(ECHO_SERVER)),
     }
+    # The sample legacy server, run inside a sandbox by the supervisor.
+    env["SVC_ECHO_BIN"] = os.environ.get("SVC_ECHO_BIN") or str(_stage_echo_server(env))
     try:
         try:
             settings = settings_from_env(env)

@@ -14,6 +14,12 @@ from urllib.parse import urlsplit
 import httpx2
 from gateway_support import Gateway, api, authorize, free_port, login
 
+INIT = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "demo-test", "version": "1"},
+}
+
 
 def test_demo_starts_with_a_local_identity_provider_and_demo_users(tmp_path: Path) -> None:
     port = free_port()
@@ -54,6 +60,20 @@ def test_demo_starts_with_a_local_identity_provider_and_demo_users(tmp_path: Pat
             session = done.cookies["svc_session"]
             me = client.get("/api/me", headers={"Cookie": f"svc_session={session}"})
             assert me.json()["user"]["role"] == "admin"
+            # The sample server answers on the legacy MCP endpoint, in its sandbox.
+            legacy = re.search(r"Legacy MCP:\s+(\S+)\s+\(Authorization: Bearer (\S+)\)", banner)
+            assert legacy is not None
+            listed = client.post(
+                urlsplit(legacy.group(1)).path,
+                json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT},
+                headers={
+                    "Authorization": f"Bearer {legacy.group(2)}",
+                    "Accept": "application/json, text/event-stream",
+                },
+                timeout=60,
+            )
+            assert listed.status_code == 200, listed.text
+            assert '"serverInfo"' in listed.text
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
