@@ -37,7 +37,6 @@ rest of the body is read and discarded (never kept) until it ends or the connect
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
 import sqlite3
@@ -118,9 +117,8 @@ async def _refuse(
     await respond_closing(receive, lambda: send_json(send, status, body, closing))
 
 
-def _jsonrpc_error(message: str, code: int = -32603) -> bytes:
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
-    return json.dumps(body, separators=(",", ":")).encode()
+def _jsonrpc_error(message: str, code: int = -32603) -> dict[str, object]:
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
 
 
 class _BodyTooLarge(Exception):
@@ -176,42 +174,15 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 async def _send_jsonrpc_error(
     send: Send, status: int, code: int, message: str, extra: list[tuple[bytes, bytes]]
 ) -> None:
-    payload = _jsonrpc_error(message, code)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"cache-control", b"no-store"),
-                (b"content-length", str(len(payload)).encode()),
-                *extra,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+    await send_json(send, status, _jsonrpc_error(message, code), extra)
 
 
 async def _session_not_found(send: Send) -> None:
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Session not found"}}
-    await send_json(send, 404, body)
+    await send_json(send, 404, _jsonrpc_error("Session not found", INVALID_REQUEST))
 
 
 async def _unavailable(send: Send, message: str) -> None:
-    payload = _jsonrpc_error(message)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"cache-control", b"no-store"),
-                (b"retry-after", b"1"),
-                (b"content-length", str(len(payload)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+    await send_json(send, 503, _jsonrpc_error(message), [(b"retry-after", b"1")])
 
 
 class DataPlane:
