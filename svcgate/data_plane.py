@@ -249,10 +249,6 @@ class DataPlane:
 
         return await self._store.read(lookup)
 
-    async def profile_id_for(self, slug: str, token: str | None) -> int | None:
-        target = await self.profile_for(slug, token)
-        return None if target is None else target.profile_id
-
     async def legacy(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not await self._checked_origin(scope, receive, send):
             return

@@ -819,7 +819,6 @@ class RuntimeManager:
         self._resolver = resolver
         self._entries: dict[int, _Entry] = {}
         self._nursery: trio.Nursery | None = None
-        self.starts = 0  # how many runtime starts began (for tests and status)
 
     async def run(
         self, *, task_status: trio.TaskStatus[RuntimeManager] = trio.TASK_STATUS_IGNORED
@@ -857,7 +856,6 @@ class RuntimeManager:
             raise RuntimeStartError("the gateway is shutting down")
         entry = _Entry(target)
         self._entries[target.profile_id] = entry
-        self.starts += 1
         self._nursery.start_soon(self._own, entry, name=f"runtime {target.slug}")
         return entry
 
@@ -932,6 +930,3 @@ class RuntimeManager:
             "state": "warm",
             "servers": [s.status(detail=detail) for _, s in sorted(runtime.servers.items())],
         }
-
-    def warm_count(self) -> int:
-        return sum(1 for e in self._entries.values() if e.runtime is not None)

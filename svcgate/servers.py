@@ -24,10 +24,6 @@ def list_servers(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     return [{"id": row["id"], "name": row["name"]} for row in rows]
 
 
-def ensure_legacy_server(conn: sqlite3.Connection) -> None:
-    ensure_server_rows(conn, [LEGACY_SERVER])
-
-
 def ensure_server_rows(conn: sqlite3.Connection, names: Iterable[str]) -> None:
     """Record configured servers (legacy ``echo``, ``SVC_SERVERS_FILE``) in the catalogue."""
     now = now_iso()

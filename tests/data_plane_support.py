@@ -21,8 +21,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -230,6 +230,17 @@ def start_data_plane_gateway(tmp: Path, idp: DevIdP, **extra_env: str) -> DataPl
         admin_session=login(gateway, "alice"),
         user_session=login(gateway, "bob"),
     )
+
+
+@contextmanager
+def data_plane_gateway(tmp: Path, idp: DevIdP, **extra_env: str) -> Iterator[DataPlaneGateway]:
+    """A module's data-plane gateway: started, and stopped cleanly (exit 0) at the end."""
+    gateway = start_data_plane_gateway(tmp, idp, **extra_env)
+    try:
+        yield gateway
+    finally:
+        gateway.open_gate()  # nothing may stay parked on the gate at shutdown
+        assert gateway.gateway.stop() == 0
 
 
 @asynccontextmanager

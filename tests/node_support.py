@@ -336,3 +336,15 @@ class StdioJsonRpc:
     async def tool_names(self) -> list[str]:
         reply = await self.request("tools/list")
         return [tool["name"] for tool in reply["result"]["tools"]]
+
+
+async def ts_client(url: str, token: str | None, *args: str, check: bool = True) -> dict[str, Any]:
+    """:func:`run_ts_client` from a trio test, in a worker thread."""
+    return await trio.to_thread.run_sync(
+        functools.partial(run_ts_client, url, token, *args, check=check)
+    )
+
+
+async def inspector(url: str, token: str | None, *args: str) -> dict[str, Any]:
+    """:func:`run_inspector` from a trio test, in a worker thread."""
+    return await trio.to_thread.run_sync(functools.partial(run_inspector, url, token, *args))

@@ -37,13 +37,13 @@ from node_support import (
     StdioJsonRpc,
     copy_node_modules_public,
     everything_command,
+    inspector,
     memory_command,
     node_available,
     node_server_spec,
     readable_by,
-    run_inspector,
-    run_ts_client,
     sandbox_node_modules_source,
+    ts_client,
 )
 from process_support import public_tmpdir
 
@@ -139,20 +139,6 @@ async def upstream() -> AsyncIterator[Upstream]:
             yield state
         finally:
             shutdown.set()
-
-
-async def ts_client(url: str, token: str | None, *args: str, check: bool = True) -> dict[str, Any]:
-    def run() -> dict[str, Any]:
-        return run_ts_client(url, token, *args, check=check)
-
-    return await trio.to_thread.run_sync(run)
-
-
-async def inspector(url: str, token: str | None, *args: str) -> dict[str, Any]:
-    def run() -> dict[str, Any]:
-        return run_inspector(url, token, *args)
-
-    return await trio.to_thread.run_sync(run)
 
 
 async def test_ts_client_initializes_lists_and_calls_with_a_bearer_token(

@@ -18,14 +18,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import trio
-from data_plane_support import DataPlaneGateway, mcp_client, start_data_plane_gateway
+from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
 from node_support import (
     NODE_MISSING_REASON,
     NodeToolError,
+    inspector,
     node_available,
-    run_inspector,
-    run_ts_client,
+    ts_client,
 )
 
 from devidp.provider import DevIdP
@@ -51,26 +50,8 @@ class Profiles:
 
 @pytest.fixture(scope="module")
 def profiles(idp: DevIdP, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Profiles]:
-    gateway = start_data_plane_gateway(tmp_path_factory.mktemp("dpc"), idp)
-    try:
+    with data_plane_gateway(tmp_path_factory.mktemp("dpc"), idp) as gateway:
         yield Profiles(gateway)
-    finally:
-        gateway.open_gate()
-        assert gateway.gateway.stop() == 0
-
-
-async def ts_client(url: str, token: str | None, *args: str, check: bool = True) -> dict[str, Any]:
-    def run() -> dict[str, Any]:
-        return run_ts_client(url, token, *args, check=check)
-
-    return await trio.to_thread.run_sync(run)
-
-
-async def inspector(url: str, token: str | None, *args: str) -> dict[str, Any]:
-    def run() -> dict[str, Any]:
-        return run_inspector(url, token, *args)
-
-    return await trio.to_thread.run_sync(run)
 
 
 def texts(result: dict[str, Any]) -> str:

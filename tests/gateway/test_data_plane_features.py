@@ -28,7 +28,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 import trio
-from data_plane_support import DataPlaneGateway, mcp_client, start_data_plane_gateway
+from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
 from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from node_support import NODE_MISSING_REASON, node_available
@@ -58,12 +58,8 @@ RESOURCE_NOT_FOUND = -32002
 
 @pytest.fixture(scope="module")
 def dp(idp: DevIdP, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlaneGateway]:
-    gateway = start_data_plane_gateway(tmp_path_factory.mktemp("dpf"), idp)
-    try:
+    with data_plane_gateway(tmp_path_factory.mktemp("dpf"), idp) as gateway:
         yield gateway
-    finally:
-        gateway.open_gate()
-        assert gateway.gateway.stop() == 0
 
 
 async def new_profile(dp: DataPlaneGateway, slug: str, servers: list[str]) -> dict[str, Any]:

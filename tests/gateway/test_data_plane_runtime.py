@@ -19,7 +19,7 @@ from typing import Any
 import httpx2
 import pytest
 import trio
-from data_plane_support import DataPlaneGateway, mcp_client, start_data_plane_gateway
+from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
 from mcp.shared.exceptions import MCPError
 
 from devidp.provider import DevIdP
@@ -41,12 +41,8 @@ ACCEPT = "application/json, text/event-stream"
 
 @pytest.fixture(scope="module")
 def dp(idp: DevIdP, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlaneGateway]:
-    gateway = start_data_plane_gateway(tmp_path_factory.mktemp("dp"), idp)
-    try:
+    with data_plane_gateway(tmp_path_factory.mktemp("dp"), idp) as gateway:
         yield gateway
-    finally:
-        gateway.open_gate()
-        assert gateway.gateway.stop() == 0
 
 
 def spawns(dp: DataPlaneGateway, server: str, slug: str) -> int:
