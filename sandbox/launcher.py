@@ -47,7 +47,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -67,6 +67,9 @@ from sandbox.spec import SandboxSpec
 from sandbox.stderr_log import StderrLog
 
 logger = logging.getLogger("sandbox.launcher")
+
+# Called with (namespace name, spec) before the spawn; returns the spec to start.
+Prepare = Callable[[str, SandboxSpec], Awaitable[SandboxSpec]]
 
 
 class SandboxStartError(RuntimeError):
@@ -131,9 +134,18 @@ class Launcher:
         )
 
     async def run(
-        self, spec: SandboxSpec, *, task_status: trio.TaskStatus[Sandbox] = trio.TASK_STATUS_IGNORED
+        self,
+        spec: SandboxSpec,
+        *,
+        prepare: Prepare | None = None,
+        task_status: trio.TaskStatus[Sandbox] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Own one sandbox: start it, report it via ``task_status``, clean up at the end.
+
+        ``prepare``, when given, is awaited once the sandbox's network namespace exists and
+        before anything is spawned, with the namespace's name and the spec; the spec it
+        returns is the one started (the egress proxy opens its listener inside the namespace
+        there and adds the proxy's environment). Its failure fails the start.
 
         Returns when the sandbox has exited (by itself or through :meth:`Sandbox.stop`) and
         everything it held is released. Cancelling this task stops the sandbox.
@@ -142,7 +154,7 @@ class Launcher:
         log = StderrLog(spec.label, res.name, max_lines=self.config.stderr_lines)
         sandbox: Sandbox | None = None
         try:
-            sandbox = await self._setup(spec, res, log)
+            sandbox = await self._setup(spec, res, log, prepare)
             self._live[res.name] = sandbox
             try:
                 await self._supervise(sandbox, res, log, task_status)
@@ -194,7 +206,9 @@ class Launcher:
                 await pump_done.wait()
             nursery.cancel_scope.cancel()
 
-    async def _setup(self, spec: SandboxSpec, res: Resources, log: StderrLog) -> Sandbox:
+    async def _setup(
+        self, spec: SandboxSpec, res: Resources, log: StderrLog, prepare: Prepare | None
+    ) -> Sandbox:
         cfg, setup = self.config, self.setup
         root = setup.host_root
         if spec.rootfs is not None:
@@ -221,6 +235,8 @@ class Launcher:
         elif not netns.namespace_path(spec.netns).exists():
             raise SandboxStartError(f"network namespace {spec.netns!r} does not exist")
         netns_path = str(netns.namespace_path(spec.netns or res.name))
+        if prepare is not None:
+            spec = await prepare(spec.netns or res.name, spec)
 
         if scratch is not None:
             res.scratch = scratch
@@ -293,6 +309,8 @@ class Launcher:
                 ("/etc/group", group_line(spec.gid)),
             ):
                 data_files.append((track(sealed_memfd("svcg-etc", text.encode())), dest))
+        for dest, content in spec.files:
+            data_files.append((track(sealed_memfd("svcg-file", content)), dest))
         info_r, info_w = (track(fd) for fd in os.pipe())
         block_r, block_w = (track(fd) for fd in os.pipe())
         stdin_r, stdin_w = (track(fd) for fd in os.pipe())

@@ -136,6 +136,9 @@ class SandboxSpec:
     netns: str | None = None
     host_etc: tuple[str, ...] = DEFAULT_HOST_ETC
     limits: ResourceLimits = field(default_factory=ResourceLimits)
+    # Read-only files whose content the caller supplies, as (destination, bytes): each is
+    # passed through a sealed memfd (``--ro-bind-data``), so no host path is involved.
+    files: tuple[tuple[str, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command:
@@ -177,6 +180,12 @@ class SandboxSpec:
             check_text(self.netns, "netns")
         if not isinstance(self.binds, tuple):
             raise InvalidSpec("binds must be a tuple of Bind")
+        for dest, content in self.files:
+            check_abs_path(dest, "file destination")
+            if dest in RESERVED_DESTINATIONS or is_under(dest, "/proc") or is_under(dest, "/dev"):
+                raise InvalidSpec(f"{dest!r} is reserved")
+            if not isinstance(content, bytes):
+                raise InvalidSpec(f"content of {dest!r} must be bytes")
 
     @property
     def workdir(self) -> str:

@@ -1,8 +1,10 @@
 """The daemon: the root of the nursery tree (drawn in docs/architecture.md).
 
 Resource handling: ``run_daemon`` opens, in order, the HTTP client used for OIDC, the
-identity provider's discovery, the store, and then the root nursery, which starts the
-sandbox supervisor, the operator control socket and the HTTP server, each with
+identity provider's discovery, the store, the egress audit sink (closed last: it writes
+every buffered egress decision before the store closes), and then the root nursery, which
+starts the sandbox supervisor (each sandbox with its egress listener), the operator control
+socket and the HTTP server, each with
 ``nursery.start`` (ready before the next one starts). SIGTERM/SIGINT trigger Hypercorn's
 graceful shutdown: the listener closes, in-flight requests get up to ``GRACEFUL_TIMEOUT``
 seconds to finish (sandboxes keep running meanwhile); then the root nursery is cancelled,
@@ -34,13 +36,18 @@ from svcgate.api.app import create_api_app
 from svcgate.api.context import Services
 from svcgate.asgi_io import ASGIApp
 from svcgate.data_plane import DataPlane
+from svcgate.egress.addresses import IPAddress
+from svcgate.egress.audit_sink import open_audit_sink
+from svcgate.egress.ca import CAError, GatewayCA
+from svcgate.egress.local_addrs import own_addresses
+from svcgate.egress.service import EgressService, ca_directory
 from svcgate.front import Front
 from svcgate.oidc import FlowRegistry, OidcClient, OidcError
 from svcgate.operator_socket import ControlSocketError, serve_control_socket
 from svcgate.runtime import TEARDOWN_DEADLINE, RuntimeManager
 from svcgate.server_defs import ConfiguredServers
 from svcgate.settings import Settings
-from svcgate.store import open_store
+from svcgate.store import Store, open_store
 from svcgate.supervisor import SandboxSupervisor, SupervisorConfig, SupervisorStartError
 from svcgate.vault import Vault, VaultError, load_key_file
 
@@ -106,42 +113,83 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                 if settings.echo_bin is not None:
                     configured.append(servers.LEGACY_SERVER)
                 await store.write(lambda conn: servers.ensure_server_rows(conn, configured))
-                supervisor = SandboxSupervisor(SupervisorConfig(state_dir=settings.sandbox_dir))
-                runtimes = RuntimeManager(store, supervisor, ConfiguredServers(settings))
-                api: ASGIApp | None = None
-                if oidc is not None:
-                    # Quart types its ASGI signature with hypercorn's TypedDicts; ours are plain.
-                    api = cast(
-                        ASGIApp,
-                        create_api_app(
-                            Services(
-                                settings=settings,
-                                store=store,
-                                oidc=oidc,
-                                flow_key=secrets.token_bytes(32),
-                                flows=FlowRegistry(),
-                                runtimes=runtimes,
-                                vault=vault,
-                            )
-                        ),
-                    )
-                else:
-                    log.warning("OIDC is not configured: the control plane (/api/) is disabled")
-                front = Front(
-                    api,
-                    DataPlane(settings.bearer_token, store, runtimes, settings.mcp_origins),
-                )
+                configured_servers = ConfiguredServers(settings)
+                ca, own = prepare_egress(settings)
                 try:
-                    await _serve_until_signal(
-                        front, settings, supervisor, runtimes, signals, on_ready
-                    )
+                    async with open_audit_sink(store) as sink:
+                        egress = EgressService(
+                            settings.egress,
+                            store=store,
+                            vault=vault,
+                            sink=sink,
+                            ca=ca,
+                            server_rules=configured_servers.egress_rules,
+                            own_addresses=own,
+                            self_ports=frozenset({settings.listen_port}),
+                        )
+                        supervisor = SandboxSupervisor(
+                            SupervisorConfig(state_dir=settings.sandbox_dir), egress=egress
+                        )
+                        runtimes = RuntimeManager(store, supervisor, configured_servers)
+                        front = Front(
+                            _api_app(settings, store, oidc, runtimes, vault),
+                            DataPlane(settings.bearer_token, store, runtimes, settings.mcp_origins),
+                        )
+                        await _serve_until_signal(
+                            front, settings, supervisor, runtimes, signals, on_ready
+                        )
                 except BaseExceptionGroup as group:
-                    # A service that fails before it is ready fails inside the root nursery.
+                    # A service that fails before it is ready fails inside a nursery.
                     startup, _ = group.split(StartupError)
                     if startup is None:
                         raise
                     raise _first_leaf(startup) from group
     log.info("svcgate stopped")
+
+
+def _api_app(
+    settings: Settings,
+    store: Store,
+    oidc: OidcClient | None,
+    runtimes: RuntimeManager,
+    vault: Vault,
+) -> ASGIApp | None:
+    if oidc is None:
+        log.warning("OIDC is not configured: the control plane (/api/) is disabled")
+        return None
+    services = Services(
+        settings=settings,
+        store=store,
+        oidc=oidc,
+        flow_key=secrets.token_bytes(32),
+        flows=FlowRegistry(),
+        runtimes=runtimes,
+        vault=vault,
+    )
+    # Quart types its ASGI signature with hypercorn's TypedDicts; ours are plain.
+    return cast(ASGIApp, create_api_app(services))
+
+
+def prepare_egress(settings: Settings) -> tuple[GatewayCA, frozenset[IPAddress]]:
+    """The egress CA (created in the data directory at first start) and the host's addresses."""
+    try:
+        ca = GatewayCA.load_or_create(ca_directory(settings.data_dir))
+    except CAError as exc:
+        raise StartupError(f"egress CA: {exc}") from exc
+    config = settings.egress
+    if config.allow_networks:
+        log.warning(
+            "SVC_EGRESS_ALLOW_CIDRS is set: sandboxes may reach these internal ranges "
+            "through the egress proxy: %s",
+            ", ".join(str(net) for net in config.allow_networks),
+        )
+    if config.host_map:
+        log.warning("SVC_EGRESS_HOSTS maps %s without DNS", ", ".join(sorted(config.host_map)))
+    try:
+        own = own_addresses()
+    except OSError as exc:
+        raise StartupError(f"egress proxy: cannot list the host's addresses ({exc})") from exc
+    return ca, own
 
 
 def _first_leaf(group: BaseExceptionGroup[StartupError]) -> StartupError:

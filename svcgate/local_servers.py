@@ -23,6 +23,12 @@ Format::
 * ``env``: extra environment (never a secret: credentials go through the egress proxy).
 * ``tools``: optional manifest. When present, only tools marked ``default: true`` are
   exposed; without it every tool of the server is exposed (SPEC).
+* ``egress``: host patterns the server may reach through the egress proxy without a
+  credential (a manifest's egress list). Default: none.
+* ``credential_hosts``: host patterns that receive the profile owner's credential for this
+  server; without a stored credential they are refused (``no_credential``).
+* ``credential_env``: the environment variable that receives the credential's
+  ``placeholder`` (the proxy swaps it for the secret on the way out).
 
 Pure and standard-library only (the settings module, which the operator CLI imports, loads
 it): :func:`parse_local_servers` takes the file's bytes;
@@ -36,10 +42,18 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from svcgate.host_patterns import HostPatternError, normalize_pattern
 from svcgate.servers import SERVER_NAME
 
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-_RESERVED_ENV = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY"})
+# Set by the gateway in every sandbox (the egress proxy and its CA bundle).
+_RESERVED_ENV = frozenset(
+    {
+        "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
+        "ALL_PROXY", "all_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS", "NODE_USE_ENV_PROXY",
+    }
+)  # fmt: skip
 
 
 class LocalServersError(ValueError):
@@ -55,6 +69,12 @@ class LocalServer:
     env: tuple[tuple[str, str], ...] = ()
     # None: no manifest, every tool is exposed. Otherwise the tools marked default: true.
     default_tools: frozenset[str] | None = None
+    # Hosts the server may reach without a credential (host patterns).
+    egress: tuple[str, ...] = ()
+    # Hosts that take the owner's credential for this server (no credential: refused).
+    credential_hosts: tuple[str, ...] = ()
+    # The variable that receives the credential's placeholder (never the secret).
+    credential_env: str | None = None
 
 
 def _fail(where: str, problem: str) -> LocalServersError:
@@ -79,7 +99,15 @@ def _parse_server(name: str, body: Any) -> LocalServer:
         raise _fail(where, "server names match ^[a-z0-9][a-z0-9-]{0,63}$ (no '_')")
     if not isinstance(body, dict):
         raise _fail(where, "must be an object")
-    unknown = set(body) - {"command", "binds", "env", "tools"}
+    unknown = set(body) - {
+        "command",
+        "binds",
+        "env",
+        "tools",
+        "egress",
+        "credential_hosts",
+        "credential_env",
+    }
     if unknown:
         raise _fail(where, f"unknown field(s) {sorted(unknown)}")
     command = _strings(body.get("command"), f"{where}.command")
@@ -122,13 +150,40 @@ def _parse_server(name: str, body: Any) -> LocalServer:
             if tool["default"]:
                 chosen.add(tool["name"])
         default_tools = frozenset(chosen)
+    egress = _patterns(body.get("egress", []), f"{where}.egress")
+    credential_hosts = _patterns(body.get("credential_hosts", []), f"{where}.credential_hosts")
+    credential_env = body.get("credential_env")
+    if credential_env is not None:
+        if (
+            not isinstance(credential_env, str)
+            or not credential_env
+            or set(credential_env) - _ENV_NAME_CHARS
+            or credential_env[0].isdigit()
+        ):
+            raise _fail(f"{where}.credential_env", "must be an environment variable name")
+        if credential_env in _RESERVED_ENV or credential_env in env:
+            raise _fail(f"{where}.credential_env", f"{credential_env} is already set")
     return LocalServer(
         name=name,
         command=tuple(command),
         binds=tuple(binds),
         env=tuple(sorted(env.items())),
         default_tools=default_tools,
+        egress=egress,
+        credential_hosts=credential_hosts,
+        credential_env=credential_env,
     )
+
+
+def _patterns(value: Any, where: str) -> tuple[str, ...]:
+    """Host patterns (svcgate.host_patterns rules); a bad one refuses the file."""
+    out: list[str] = []
+    for item in _strings(value, where):
+        try:
+            out.append(normalize_pattern(item))
+        except HostPatternError as exc:
+            raise _fail(where, str(exc)) from None
+    return tuple(out)
 
 
 def parse_local_servers(data: bytes) -> dict[str, LocalServer]:

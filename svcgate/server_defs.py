@@ -1,8 +1,10 @@
 """Which servers this gateway can run, and how: the resolver the profile runtimes use.
 
 Today a server is runnable when it is the legacy fallback (``echo`` with ``SVC_ECHO_BIN``)
-or defined in ``SVC_SERVERS_FILE``. A server row with neither (the variable was unset, the
-file entry removed) resolves to None and is skipped at spawn with a log line (SPEC).
+or defined in ``SVC_SERVERS_FILE``; the same resolver says what each may reach through the
+egress proxy (:meth:`ConfiguredServers.egress_rules`). A server row with neither (the
+variable was unset, the file entry removed) resolves to None and is skipped at spawn with a
+log line (SPEC).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from sandbox import Bind, SandboxSpec
+from svcgate.egress.policy import NO_RULES, ServerRules
 from svcgate.legacy_spec import SANDBOX_ENV, legacy_server_spec
 from svcgate.local_servers import LocalServer
 from svcgate.runtime import ServerDefinition
@@ -28,19 +31,33 @@ def local_server_spec(server: LocalServer, key: SandboxKey, owner: SandboxOwner)
     )
 
 
+# The legacy server has no manifest: by convention its credential placeholder (if the owner's
+# credential has one) is in this variable, and it reaches only the credential's hosts.
+LEGACY_CREDENTIAL_ENV = "SVC_CREDENTIAL"
+
+
 class ConfiguredServers:
     """Resolves server names from the settings (legacy echo, ``SVC_SERVERS_FILE``)."""
 
     def __init__(self, settings: Settings) -> None:
         self._definitions: dict[str, ServerDefinition] = {}
+        self._egress: dict[str, ServerRules] = {}
         for name, server in settings.local_servers.items():
             self._definitions[name] = ServerDefinition(
                 name, partial(local_server_spec, server), server.default_tools
+            )
+            self._egress[name] = ServerRules.of(
+                server.egress, server.credential_hosts, server.credential_env
             )
         if settings.echo_bin is not None:
             self._definitions[LEGACY_SERVER] = ServerDefinition(
                 LEGACY_SERVER, partial(legacy_server_spec, settings.echo_bin)
             )
+            self._egress[LEGACY_SERVER] = ServerRules(credential_env=LEGACY_CREDENTIAL_ENV)
 
     def resolve(self, name: str) -> ServerDefinition | None:
         return self._definitions.get(name)
+
+    def egress_rules(self, name: str) -> ServerRules:
+        """What the server itself may reach (nothing for an unknown server: fail closed)."""
+        return self._egress.get(name, NO_RULES)

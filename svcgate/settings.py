@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from svcgate.duration import parse_duration
+from svcgate.egress.config import EgressConfigError, EgressSettings, egress_settings_from_env
 from svcgate.local_servers import LocalServer, LocalServersError, parse_local_servers
 from svcgate.servers import LEGACY_SERVER
 
@@ -74,6 +75,8 @@ class Settings:
     local_servers: Mapping[str, LocalServer] = field(default_factory=dict)
     # Extra origins allowed to call the MCP endpoints (SVC_MCP_ALLOWED_ORIGINS).
     mcp_allowed_origins: tuple[str, ...] = ()
+    # The egress proxy (SVC_EGRESS_*).
+    egress: EgressSettings = field(default_factory=EgressSettings)
 
     @property
     def mcp_origins(self) -> tuple[str, ...]:
@@ -309,6 +312,10 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     log_level = (env.get("SVC_LOG_LEVEL", "") or "INFO").upper()
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError("SVC_LOG_LEVEL", "must be one of DEBUG, INFO, WARNING, ERROR")
+    try:
+        egress = egress_settings_from_env(env)
+    except EgressConfigError as exc:
+        raise SettingsError(exc.variable, str(exc)) from exc
 
     return Settings(
         listen_host=host,
@@ -327,4 +334,5 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         log_level=log_level,
         local_servers=local_servers,
         mcp_allowed_origins=tuple(mcp_allowed_origins),
+        egress=egress,
     )

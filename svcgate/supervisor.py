@@ -50,18 +50,48 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from sandbox import LauncherConfig, SandboxSpec, open_launcher
 from sandbox.instance import Sandbox
-from sandbox.launcher import Launcher
+from sandbox.launcher import Launcher, Prepare
 
 log = logging.getLogger(__name__)
 
 SpecFactory = Callable[[], Awaitable[SandboxSpec]]
+
+
+class EgressAttachment(Protocol):
+    """One sandbox's egress listener, as the supervisor sees it."""
+
+    @property
+    def listener(self) -> str: ...
+
+    @property
+    def connections(self) -> int: ...
+
+    def apply(self, spec: SandboxSpec) -> SandboxSpec:
+        """The spec with the proxy's environment and files added."""
+        ...
+
+
+class SandboxEgress(Protocol):
+    """The egress proxy: serves one listener inside each sandbox's namespace."""
+
+    async def serve(
+        self,
+        key: SandboxKey,
+        owner: SandboxOwner,
+        namespace: str,
+        *,
+        task_status: trio.TaskStatus[EgressAttachment] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Open the listener in ``namespace``, report it, serve until cancelled."""
+        ...
 
 
 class SupervisorError(Exception):
@@ -230,6 +260,7 @@ class _Entry:
     sandbox: Sandbox | None = None
     error: BaseException | None = None
     stop_requested: bool = False
+    egress: EgressAttachment | None = None
 
     def info(self) -> SandboxInfo:
         sb = self.sandbox
@@ -243,8 +274,8 @@ class _Entry:
             namespace=None if sb is None else sb.netns_name,
             pid=None if sb is None else sb.pid,
             init_pid=None if sb is None else sb.child_pid,
-            egress_listener=None,  # the egress proxy (a later issue) fills this in
-            egress_connections=0,
+            egress_listener=None if self.egress is None else self.egress.listener,
+            egress_connections=0 if self.egress is None else self.egress.connections,
             started_at=None if self.handle is None else self.handle.started_at,
             exit_code=None if sb is None else sb.returncode,
         )
@@ -289,8 +320,10 @@ def _single(exc: BaseException | None) -> BaseException | None:
 class SandboxSupervisor:
     """Owns every sandbox; see the module docstring."""
 
-    def __init__(self, config: SupervisorConfig) -> None:
+    def __init__(self, config: SupervisorConfig, *, egress: SandboxEgress | None = None) -> None:
         self.config = config
+        # Without an egress proxy a sandbox has no way out at all (its namespace holds lo).
+        self.egress = egress
         self._entries: dict[SandboxKey, _Entry] = {}
         self._nursery: trio.Nursery | None = None
         self._launcher: Launcher | None = None
@@ -369,7 +402,18 @@ class SandboxSupervisor:
             with entry.scope:
                 spec = await spec_factory()
                 async with trio.open_nursery() as nursery:
-                    sandbox: Sandbox = await nursery.start(launcher.run, spec)
+                    prepare = self._egress_prepare(entry, nursery)
+
+                    async def run_sandbox(
+                        task_status: trio.TaskStatus[Sandbox] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+                        try:
+                            await launcher.run(spec, prepare=prepare, task_status=task_status)
+                        finally:
+                            # The sandbox is gone: its egress listener goes with it.
+                            nursery.cancel_scope.cancel()
+
+                    sandbox: Sandbox = await nursery.start(run_sandbox)
                     entry.sandbox = sandbox
                     entry.handle = SandboxHandle(
                         entry.key, entry.owner, sandbox, time.time(), entry.done
@@ -412,6 +456,21 @@ class SandboxSupervisor:
                 del self._entries[entry.key]
             entry.ready.set()
             entry.done.set()
+
+    def _egress_prepare(self, entry: _Entry, nursery: trio.Nursery) -> Prepare | None:
+        """The launcher hook that starts the sandbox's egress listener in its namespace."""
+        egress = self.egress
+        if egress is None:
+            return None
+
+        async def prepare(namespace: str, spec: SandboxSpec) -> SandboxSpec:
+            attachment: EgressAttachment = await nursery.start(
+                partial(egress.serve, entry.key, entry.owner, namespace)
+            )
+            entry.egress = attachment
+            return attachment.apply(spec)
+
+        return prepare
 
     async def stop(self, key: SandboxKey) -> bool:
         """Stop and forget the sandbox of ``key``; False if there was none."""

@@ -275,6 +275,9 @@ def test_rlimit_options() -> None:
         {"command": ("/bin/sh",), "host_etc": ("/usr/lib",)},
         {"command": ("/bin/sh",), "binds": [Bind("/a", "/b")]},
         {"command": ("/bin/sh",), "rootfs": "images/x"},
+        {"command": ("/bin/sh",), "files": (("/proc/x", b""),)},
+        {"command": ("/bin/sh",), "files": (("relative", b""),)},
+        {"command": ("/bin/sh",), "files": (("/x", "text"),)},
     ],
 )
 def test_invalid_specs_are_rejected(kwargs: dict[str, Any]) -> None:

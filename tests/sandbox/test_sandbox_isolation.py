@@ -12,6 +12,8 @@ import os
 import secrets
 import signal
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 
 import pytest
 import trio
@@ -324,3 +326,41 @@ async def test_image_rootfs_replaces_the_host_layout(
             (image / name).unlink()
         for name in ("etc", "usr", ""):
             (image / name).rmdir()
+
+
+async def test_prepare_hook_listens_inside_the_new_namespace_and_adds_files(
+    launcher: Launcher, probe_spec: Callable[..., SandboxSpec]
+) -> None:
+    """``Launcher.run(prepare=...)``: the egress proxy's way in (a listener and a CA file)."""
+    async with trio.open_nursery() as nursery:
+
+        async def serve_one(listener: trio.SocketListener) -> None:
+            async with listener:
+                stream = await listener.accept()
+                async with stream:
+                    assert await stream.receive_some(5) == b"hello"
+                    await stream.send_all(b"world")
+
+        async def prepare(namespace: str, spec: SandboxSpec) -> SandboxSpec:
+            listener = await launcher.netns.open_trio_listener(namespace)
+            nursery.start_soon(serve_one, listener)
+            port = listener.socket.getsockname()[1]
+            return replace(
+                spec,
+                env={**spec.env, "PROXY_PORT": str(port)},
+                files=(("/svcgate/tls/bundle.pem", b"-----BEGIN CERTIFICATE-----\n"),),
+            )
+
+        sb = await nursery.start(partial(launcher.run, probe_spec(), prepare=prepare))
+        try:
+            probe = Probe(sb)
+            env = (await probe.call("env"))["env"]
+            port = int(env["PROXY_PORT"])
+            reply = await probe.call("connect", host="127.0.0.1", port=port, send="hello")
+            assert reply["reply"] == "world"
+            data = await probe.call("read", path="/svcgate/tls/bundle.pem")
+            assert data["data"] == "-----BEGIN CERTIFICATE-----\n"
+            written = await probe.call("write", path="/svcgate/tls/bundle.pem", data="x")
+            assert not written["ok"]
+        finally:
+            await sb.stop()

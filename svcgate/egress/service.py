@@ -1,0 +1,229 @@
+"""The egress service: one proxy listener per sandbox, wired to the store, vault and CA.
+
+The sandbox supervisor calls :meth:`EgressService.serve` (its ``SandboxEgress`` hook) once a
+sandbox's network namespace exists and before anything runs in it. ``serve`` opens a TCP
+listener on ``127.0.0.1`` *inside* that namespace (the namespace holds only ``lo``), reports
+an :class:`Attachment` whose :meth:`~Attachment.apply` adds to the sandbox's spec:
+
+- ``HTTP_PROXY``/``HTTPS_PROXY`` (both cases) pointing at the listener, ``NO_PROXY`` for the
+  sandbox's own loopback, ``NODE_USE_ENV_PROXY=1`` (node >= 22 honours the proxy then);
+- ``SSL_CERT_FILE``, ``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE`` and ``NODE_EXTRA_CA_CERTS``
+  naming :data:`CA_BUNDLE_PATH`, a read-only file holding the system roots plus the gateway
+  CA (passed as data, no host path involved);
+- the server's credential variable (``credential_env``; ``SVC_CREDENTIAL`` for the legacy
+  server) set to the owner's credential **placeholder**, never the secret. A credential
+  without a placeholder gives the fixed marker :data:`NO_PLACEHOLDER`, so a server that
+  insists on the variable still starts (its requests get the injection header).
+
+It then serves the listener until cancelled (the sandbox stopped). Every decision reads the
+owner's credential row afresh (no cache: a deleted or replaced credential applies to the next
+request); the secret is decrypted only when a request is about to carry it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from netns import core as netns_core
+from sandbox import SandboxSpec
+from svcgate.egress.addresses import IPAddress
+from svcgate.egress.audit_sink import EgressAuditSink
+from svcgate.egress.ca import GatewayCA, upstream_context
+from svcgate.egress.config import EgressSettings
+from svcgate.egress.policy import CredentialRule, ServerRules
+from svcgate.egress.proxy import EgressIdentity, EgressProxy, ProxyConfig, SandboxState
+from svcgate.egress.resolver import Resolver
+from svcgate.store import Store
+from svcgate.supervisor import SandboxKey, SandboxOwner
+from svcgate.vault import Sealed, Vault
+
+log = logging.getLogger(__name__)
+
+CA_BUNDLE_PATH = "/svcgate/tls/ca-bundle.pem"
+NO_PLACEHOLDER = "svcgate-credential-injected-by-proxy"
+CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+
+
+@dataclass(frozen=True)
+class CredentialRow:
+    rule: CredentialRule
+    sealed: Sealed = field(repr=False)
+
+
+def read_credential(conn: sqlite3.Connection, user_id: int, server: str) -> CredentialRow | None:
+    row = conn.execute(
+        "SELECT ciphertext, wrapped_dek, kek_version, inject_header, inject_format, placeholder,"
+        " allowed_hosts FROM credentials WHERE user_id = ? AND server = ?",
+        (user_id, server),
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        hosts = json.loads(row[6])
+    except ValueError:
+        hosts = []  # a corrupt row allows nothing (fail closed)
+    rule = CredentialRule.of(hosts if isinstance(hosts, list) else [], row[3], row[4], row[5])
+    return CredentialRow(rule, Sealed(row[0], row[1], row[2]))
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    rules: ServerRules
+    credential: CredentialRule | None
+    _open: Callable[[], bytes] = field(repr=False)
+
+    def open_secret(self) -> bytes:
+        return self._open()
+
+
+@dataclass
+class Attachment:
+    """One sandbox's listener (the supervisor's ``EgressAttachment``)."""
+
+    port: int
+    env: dict[str, str] = field(repr=False)
+    files: tuple[tuple[str, bytes], ...] = field(repr=False)
+    state: SandboxState = field(repr=False)
+
+    @property
+    def listener(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        return self.state.connections
+
+    def apply(self, spec: SandboxSpec) -> SandboxSpec:
+        return replace(spec, env={**spec.env, **self.env}, files=(*spec.files, *self.files))
+
+
+class EgressService:
+    def __init__(
+        self,
+        settings: EgressSettings,
+        *,
+        store: Store,
+        vault: Vault,
+        sink: EgressAuditSink,
+        ca: GatewayCA,
+        server_rules: Callable[[str], ServerRules],
+        own_addresses: frozenset[IPAddress] = frozenset(),
+        self_ports: frozenset[int] = frozenset(),
+        resolver: Resolver | None = None,
+        upstream: ssl.SSLContext | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.vault = vault
+        self.server_rules = server_rules
+        self.config = ProxyConfig(
+            ports=settings.ports,
+            allowed_networks=settings.allow_networks,
+            own_addresses=own_addresses,
+            self_ports=self_ports,
+            max_connections=settings.max_connections,
+            rate=settings.rate,
+            burst=max(1, int(settings.rate * 2)),
+            connect_timeout=settings.connect_timeout,
+            idle_timeout=settings.idle_timeout,
+            max_duration=settings.max_duration,
+        )
+        self.proxy = EgressProxy(
+            self.config,
+            self.lookup,
+            resolver or Resolver(settings.host_map),
+            ca,
+            upstream or upstream_context(settings.upstream_ca_file),
+            sink,
+        )
+        self.bundle = ca.bundle()
+        self._listen_limiter = trio.CapacityLimiter(4)
+
+    async def lookup(self, identity: EgressIdentity) -> _Lookup:
+        rules = self.server_rules(identity.server)
+        row: CredentialRow | None = None
+        if identity.user_id:  # the legacy profile has no owner, so no credentials
+            row = await self.store.read(
+                partial(read_credential, user_id=identity.user_id, server=identity.server)
+            )
+        if row is None:
+            return _Lookup(rules, None, _no_secret)
+        vault, sealed = self.vault, row.sealed
+        return _Lookup(
+            rules,
+            row.rule,
+            lambda: vault.open(identity.user_id, identity.server, sealed),
+        )
+
+    def _env(self, port: int, rules: ServerRules, placeholder: str | None) -> dict[str, str]:
+        proxy = f"http://127.0.0.1:{port}"
+        env = dict.fromkeys(PROXY_ENV, proxy)
+        env.update(dict.fromkeys(CA_ENV, CA_BUNDLE_PATH))
+        env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+        env["NODE_USE_ENV_PROXY"] = "1"
+        if rules.credential_env is not None and placeholder is not None:
+            env[rules.credential_env] = placeholder
+        return env
+
+    async def serve(
+        self,
+        key: SandboxKey,
+        owner: SandboxOwner,
+        namespace: str,
+        *,
+        task_status: trio.TaskStatus[Attachment] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        identity = EgressIdentity(
+            server=key.server,
+            user_id=owner.user_id,
+            profile_id=key.profile_id,
+            profile_slug=owner.profile_slug,
+        )
+        rules = self.server_rules(key.server)
+        placeholder: str | None = None
+        if owner.user_id and rules.credential_env is not None:
+            row = await self.store.read(
+                partial(read_credential, user_id=owner.user_id, server=key.server)
+            )
+            if row is not None:
+                placeholder = row.rule.placeholder or NO_PLACEHOLDER
+        sock = await trio.to_thread.run_sync(
+            partial(netns_core.open_listener, namespace, host="127.0.0.1", port=0, backlog=256),
+            limiter=self._listen_limiter,
+        )
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        port = int(sock.getsockname()[1])
+        state = SandboxState(self.config)
+        attachment = Attachment(
+            port=port,
+            env=self._env(port, rules, placeholder),
+            files=((CA_BUNDLE_PATH, self.bundle),),
+            state=state,
+        )
+        log.debug(
+            "egress listener for %s/%s on %s in %s",
+            owner.profile_slug,
+            key.server,
+            attachment.listener,
+            namespace,
+        )
+        task_status.started(attachment)
+        await self.proxy.serve(listener, identity, state)
+
+
+def _no_secret() -> bytes:
+    raise LookupError("no credential")
+
+
+def ca_directory(data_dir: Path) -> Path:
+    return data_dir / "egress-ca"
