@@ -105,11 +105,12 @@ def list_metadata(conn: sqlite3.Connection, user_id: int) -> list[dict[str, Any]
 
 def upsert(
     conn: sqlite3.Connection, vault: Vault, user_id: int, server: str, data: CredentialInput
-) -> None:
+) -> bool:
+    """Create or replace; return whether what sandboxes are given (the placeholder) changed."""
     sealed = vault.seal(user_id, server, data.secret.encode("utf-8"))
     now = now_iso()
     existed = conn.execute(
-        "SELECT 1 FROM credentials WHERE user_id = ? AND server = ?", (user_id, server)
+        "SELECT placeholder FROM credentials WHERE user_id = ? AND server = ?", (user_id, server)
     ).fetchone()
     conn.execute(
         "INSERT INTO credentials (user_id, server, ciphertext, wrapped_dek, kek_version,"
@@ -142,9 +143,11 @@ def upsert(
         server=server,
         detail=f"hosts={len(data.allowed_hosts)}",
     )
+    return existed is None or existed[0] != data.placeholder
 
 
-def delete(conn: sqlite3.Connection, user_id: int, server: str) -> None:
+def delete(conn: sqlite3.Connection, user_id: int, server: str) -> bool:
+    """Delete (idempotent); return whether there was a credential."""
     gone = conn.execute(
         "DELETE FROM credentials WHERE user_id = ? AND server = ?", (user_id, server)
     ).rowcount
@@ -152,6 +155,17 @@ def delete(conn: sqlite3.Connection, user_id: int, server: str) -> None:
         audit.record(
             conn, kind="admin", decision="credential_delete", user_id=user_id, server=server
         )
+    return bool(gone)
+
+
+def profiles_using(conn: sqlite3.Connection, user_id: int, server: str) -> list[int]:
+    """Ids of ``user_id``'s profiles whose bundle holds ``server``."""
+    rows = conn.execute(
+        "SELECT p.id FROM profiles p JOIN profile_servers ps ON ps.profile_id = p.id"
+        " JOIN servers s ON s.id = ps.server_id WHERE p.user_id = ? AND s.name = ?",
+        (user_id, server),
+    ).fetchall()
+    return [int(row[0]) for row in rows]
 
 
 def reveal(conn: sqlite3.Connection, vault: Vault, user_id: int, server: str) -> bytes | None:

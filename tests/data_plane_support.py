@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,9 +208,18 @@ class DataPlaneGateway:
             time.sleep(0.05)
 
 
-def start_data_plane_gateway(tmp: Path, idp: DevIdP, **extra_env: str) -> DataPlaneGateway:
+def start_data_plane_gateway(
+    tmp: Path,
+    idp: DevIdP,
+    *,
+    extra_servers: Mapping[str, Mapping[str, Any]] | None = None,
+    **extra_env: str,
+) -> DataPlaneGateway:
+    """A gateway serving every server of :func:`stage_servers`, plus ``extra_servers``
+    (added to, or replacing entries of, the servers file); ``extra_env``: more settings."""
     stage = public_tmpdir("dp")
     document = stage_servers(stage)
+    document["servers"].update({name: dict(body) for name, body in (extra_servers or {}).items()})
     servers_file = stage / "servers.json"
     servers_file.write_text(json.dumps(document))
     sandboxes = public_tmpdir("dp-sb")
@@ -233,9 +242,15 @@ def start_data_plane_gateway(tmp: Path, idp: DevIdP, **extra_env: str) -> DataPl
 
 
 @contextmanager
-def data_plane_gateway(tmp: Path, idp: DevIdP, **extra_env: str) -> Iterator[DataPlaneGateway]:
+def data_plane_gateway(
+    tmp: Path,
+    idp: DevIdP,
+    *,
+    extra_servers: Mapping[str, Mapping[str, Any]] | None = None,
+    **extra_env: str,
+) -> Iterator[DataPlaneGateway]:
     """A module's data-plane gateway: started, and stopped cleanly (exit 0) at the end."""
-    gateway = start_data_plane_gateway(tmp, idp, **extra_env)
+    gateway = start_data_plane_gateway(tmp, idp, extra_servers=extra_servers, **extra_env)
     try:
         yield gateway
     finally:

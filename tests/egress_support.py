@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from data_plane_support import DataPlaneGateway, stage_servers
+from data_plane_support import DataPlaneGateway, start_data_plane_gateway
 from fixtures.fake_github import GITHUB_HOST, FakeGitHub
-from gateway_support import Gateway, api, login, start_gateway
+from gateway_support import Gateway, api
 from node_support import (
     NODE_MODULES,
     SANDBOX_NODE,
@@ -172,42 +172,14 @@ def github_server(
 # -- the gateway ----------------------------------------------------------------------------
 
 
-def start_egress_gateway(
-    tmp: Path, idp: DevIdP, servers: Mapping[str, Mapping[str, Any]], **extra_env: str
-) -> DataPlaneGateway:
-    """:func:`data_plane_support.start_data_plane_gateway` with ``servers`` added to (or
-    replacing entries of) the servers file."""
-    stage = public_tmpdir("eg")
-    document = stage_servers(stage)
-    document["servers"].update({name: dict(body) for name, body in servers.items()})
-    servers_file = stage / "servers.json"
-    servers_file.write_text(json.dumps(document))
-    sandboxes = public_tmpdir("eg-sb")
-    gateway = start_gateway(
-        tmp,
-        idp=idp,
-        extra_env={
-            "SVC_ECHO_BIN": str(stage / "echo_server.py"),
-            "SVC_SERVERS_FILE": str(servers_file),
-            "SVC_SANDBOX_DIR": str(sandboxes / "state"),
-            **extra_env,
-        },
-    )
-    return DataPlaneGateway(
-        gateway=gateway,
-        stage=stage,
-        admin_session=login(gateway, "alice"),
-        user_session=login(gateway, "bob"),
-    )
-
-
 @contextmanager
 def egress_gateway(
     tmp: Path, idp: DevIdP, servers: Mapping[str, Mapping[str, Any]], **extra_env: str
 ) -> Iterator[DataPlaneGateway]:
-    """:func:`start_egress_gateway`, stopped cleanly (exit 0) at the end; its staged files
-    and sandbox state directory are removed then."""
-    gateway = start_egress_gateway(tmp, idp, servers, **extra_env)
+    """:func:`data_plane_support.start_data_plane_gateway` with ``servers`` added to (or
+    replacing entries of) the servers file, stopped cleanly (exit 0) at the end; its staged
+    files and sandbox state directory are removed then."""
+    gateway = start_data_plane_gateway(tmp, idp, extra_servers=servers, **extra_env)
     try:
         yield gateway
     finally:

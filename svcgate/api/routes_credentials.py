@@ -2,6 +2,11 @@
 
 Scope is the effective user (under view-as the admin sees the target's metadata, read-only).
 Secrets are write-only: no response ever carries one or anything derived from it.
+
+Sandboxes receive the credential's placeholder in their environment when they start, so a
+change that alters it (a new credential, a new placeholder, a deletion) restarts the warm
+runtimes of the user's profiles that hold the server. A change of the secret alone does
+not: the egress proxy reads the credential at every request.
 """
 
 from __future__ import annotations
@@ -67,11 +72,18 @@ async def put_credential(server: str) -> Response:
     user_id = caller().user.id
     vault = services().vault
 
-    def store(conn: sqlite3.Connection) -> None:
-        credentials.upsert(conn, vault, user_id, server, data)
+    def store(conn: sqlite3.Connection) -> list[int]:
+        changed = credentials.upsert(conn, vault, user_id, server, data)
+        return credentials.profiles_using(conn, user_id, server) if changed else []
 
-    await services().store.write(store)
+    await _restart(await services().store.write(store))
     return Response(b"", status=204)
+
+
+async def _restart(profile_ids: list[int]) -> None:
+    """Sandboxes get the placeholder at start: restart the runtimes that hold a stale one."""
+    if profile_ids:
+        await services().runtimes.invalidate(profile_ids, reason="credential changed")
 
 
 @bp.delete("/<server>")
@@ -82,5 +94,10 @@ async def put_credential(server: str) -> Response:
 async def delete_credential(server: str) -> Response:
     credentials.check_server_param(server)
     user_id = caller().user.id
-    await services().store.write(lambda conn: credentials.delete(conn, user_id, server))
+
+    def remove(conn: sqlite3.Connection) -> list[int]:
+        gone = credentials.delete(conn, user_id, server)
+        return credentials.profiles_using(conn, user_id, server) if gone else []
+
+    await _restart(await services().store.write(remove))
     return Response(b"", status=204)

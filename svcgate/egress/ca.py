@@ -151,28 +151,7 @@ class GatewayCA:
         now = datetime.now(UTC)
         public = key.public_key()
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - BACKDATE)
-            .not_valid_after(now + CA_LIFETIME)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _certificate_builder(name, name, public, now, now + CA_LIFETIME, ca=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(public), critical=False
@@ -280,29 +259,9 @@ class GatewayCA:
         if len(host) <= 64:  # the CN upper bound; the SAN is what clients check anyway
             attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, host))
         san: x509.GeneralName = x509.IPAddress(ip) if ip is not None else x509.DNSName(host)
+        subject = x509.Name(attributes)
         leaf = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attributes))
-            .issuer_name(self._cert.subject)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - BACKDATE)
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _certificate_builder(subject, self._cert.subject, public, now, not_after, ca=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(x509.SubjectAlternativeName([san]), critical=False)
             .add_extension(self._authority_key_id, critical=False)
@@ -333,6 +292,44 @@ class GatewayCA:
             shutil.rmtree(scratch, ignore_errors=True)
         context.sni_callback = _sni_check(host)
         return _CachedContext(context, not_after)
+
+
+def _certificate_builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    public: ec.EllipticCurvePublicKey,
+    now: datetime,
+    not_after: datetime,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """What the CA and its leaves share: names, key, validity from ``now - BACKDATE`` to
+    ``not_after``, critical BasicConstraints (a CA: ``path_length=0``) and critical KeyUsage
+    (digital signature; certificate and CRL signing for a CA)."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
 
 
 def upstream_context(extra_ca_file: Path | None = None) -> ssl.SSLContext:

@@ -129,6 +129,9 @@ class Lookup(Protocol):
 
 
 PolicySource = Callable[[EgressIdentity], Awaitable[Lookup]]
+# Called with fresh=False for the kept upstream connection (if any), fresh=True for a new
+# one; returns (connection, whether it was kept).
+UpstreamSource = Callable[[bool], Awaitable[tuple["HttpIO", bool]]]
 
 
 class SandboxState:
@@ -172,6 +175,10 @@ class SandboxState:
         self._limit_noted = now
         count, self.limited = self.limited, 0
         return count
+
+
+class _UpstreamGone(Exception):
+    """The upstream failed before sending any response byte (maybe a stale kept connection)."""
 
 
 class Denied(Exception):
@@ -244,6 +251,15 @@ class HttpIO:
     @property
     def reusable(self) -> bool:
         return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+
+
+async def close_all(*streams: trio.abc.AsyncResource | None) -> None:
+    """Close every stream, even when the caller is being cancelled (a cancelled
+    ``aclose_forcefully`` re-raises and would skip the ones after it)."""
+    with trio.CancelScope(shield=True):
+        for stream in streams:
+            if stream is not None:
+                await trio.aclose_forcefully(stream)
 
 
 def _dial_family(ip: IPAddress) -> socket.AddressFamily:
@@ -589,17 +605,25 @@ class _Connection:
         if parts.query:
             path = f"{path}?{parts.query}"
         key = (target.host, target.port, str(auth.addresses[0][0]))
-        upstream = self._upstream if self._upstream_key == key else None
-        if upstream is None:
-            if self._upstream is not None:
-                await trio.aclose_forcefully(self._upstream.stream)
+
+        async def upstreams(fresh: bool) -> tuple[HttpIO, bool]:
+            kept = self._upstream
+            if kept is not None and self._upstream_key == key and not fresh:
+                return kept, True
+            if kept is not None:
+                await trio.aclose_forcefully(kept.stream)
                 self._upstream = self._upstream_key = None
             upstream = HttpIO(await self._dial(auth), h11.CLIENT, self.config.idle_timeout)
             self._upstream, self._upstream_key = upstream, key
+            return upstream, False
+
         headers = forward_request_headers(request.headers, auth.injection)
         if not hosts:
             headers.insert(0, (b"host", target.authority.encode()))
-        await self._exchange(request, path.encode(), headers, upstream, auth.injection)
+        await self._exchange(request, path.encode(), headers, upstreams, auth.injection)
+        upstream = self._upstream
+        if upstream is None:
+            return
         if upstream.reusable:
             upstream.conn.start_next_cycle()
         else:
@@ -611,29 +635,62 @@ class _Connection:
         request: h11.Request,
         path: bytes,
         headers: list[tuple[bytes, bytes]],
-        upstream: HttpIO,
+        upstreams: UpstreamSource,
         injection: Injection | None,
         client: HttpIO | None = None,
     ) -> None:
-        """Forward one request (body included) and relay its response."""
+        """Forward one request (body included) and relay its response.
+
+        A kept upstream connection may have been closed by the upstream while idle (its
+        keep-alive timeout): a request without a body that fails there before any response
+        byte is sent again, once, on a fresh connection to the same checked address.
+        """
         client = client or self.client
         headers = [(k, v) for k, v in headers if k != b"expect"]
+        has_body = bool(
+            header_values(headers, b"transfer-encoding")
+            or any(v.strip() != b"0" for v in header_values(headers, b"content-length"))
+        )
+        upstream, reused = await upstreams(False)
+        try:
+            await self._send_request(request, path, headers, upstream, client)
+            await self._relay_response(upstream, client, injection)
+        except _UpstreamGone as gone:
+            if not reused or has_body:
+                raise Denied(502, "upstream", str(gone)) from gone
+            log.debug("egress %s: kept upstream connection was stale", self.identity.server)
+            upstream, _ = await upstreams(True)
+            try:
+                await self._send_request(request, path, headers, upstream, client)
+                await self._relay_response(upstream, client, injection)
+            except _UpstreamGone as again:
+                raise Denied(502, "upstream", str(again)) from again
+
+    async def _send_request(
+        self,
+        request: h11.Request,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        upstream: HttpIO,
+        client: HttpIO,
+    ) -> None:
         try:
             await upstream.send(h11.Request(method=request.method, target=path, headers=headers))
-            if client.conn.they_are_waiting_for_100_continue:
-                await client.send(h11.InformationalResponse(status_code=100, headers=[]))
-            while True:
+        except (h11.LocalProtocolError, trio.BrokenResourceError, OSError) as exc:
+            raise _UpstreamGone("upstream failed while sending the request") from exc
+        if client.conn.they_are_waiting_for_100_continue:
+            await client.send(h11.InformationalResponse(status_code=100, headers=[]))
+        try:
+            # On a retry the (empty) body was read already: the client is past SEND_BODY.
+            while client.conn.their_state is h11.SEND_BODY:
                 event = await client.next_event()
                 if isinstance(event, h11.Data):
                     await upstream.send(event)
-                elif isinstance(event, h11.EndOfMessage):
-                    await upstream.send(h11.EndOfMessage())
-                    break
-                else:
+                elif not isinstance(event, h11.EndOfMessage):
                     raise h11.RemoteProtocolError("request body ended early")
+            await upstream.send(h11.EndOfMessage())
         except (h11.LocalProtocolError, trio.BrokenResourceError, OSError) as exc:
             raise Denied(502, "upstream", "upstream failed while sending the request") from exc
-        await self._relay_response(upstream, client, injection)
 
     async def _relay_response(
         self, upstream: HttpIO, client: HttpIO, injection: Injection | None
@@ -686,9 +743,9 @@ class _Connection:
             ssl.SSLError,
             OSError,
         ) as exc:
-            log.info("egress %s: upstream response failed: %r", self.identity.server, exc)
             if not started:
-                raise Denied(502, "upstream", "upstream response was malformed or cut") from exc
+                raise _UpstreamGone("upstream response was malformed or cut") from exc
+            log.info("egress %s: upstream response failed: %r", self.identity.server, exc)
             raise trio.BrokenResourceError("upstream response cut") from exc
 
     # -- CONNECT ---------------------------------------------------------------------------
@@ -747,7 +804,7 @@ class _Connection:
             nursery.start_soon(pump, b, a)
 
     async def _intercept(
-        self, tunnel: trio.abc.Stream, upstream_tcp: trio.SocketStream, auth: Authorized
+        self, tunnel: trio.abc.Stream, upstream_tcp: trio.SocketStream | None, auth: Authorized
     ) -> None:
         target = auth.target
         server = trio.SSLStream(
@@ -771,30 +828,40 @@ class _Connection:
                 log.info("egress %s: TLS from the sandbox failed: %r", self.identity.server, exc)
             return
         hostname = target.host if target.ip is None else str(target.ip)
-        upstream = trio.SSLStream(
-            upstream_tcp,
-            self.proxy.upstream_context,
-            server_hostname=hostname,
-            https_compatible=True,
-        )
         client = HttpIO(server, h11.SERVER, self.config.idle_timeout)
-        try:
-            with trio.fail_after(self.config.connect_timeout):
-                await upstream.do_handshake()
-        except (trio.BrokenResourceError, trio.TooSlowError) as exc:
-            log.warning(
-                "egress %s: upstream TLS to %s failed: %r",
-                self.identity.server,
-                target.authority,
-                exc.__cause__ or exc,
+        up: HttpIO | None = None
+
+        async def handshake(tcp: trio.SocketStream) -> HttpIO:
+            tls = trio.SSLStream(
+                tcp, self.proxy.upstream_context, server_hostname=hostname, https_compatible=True
             )
-            event = await client.next_event()
-            if isinstance(event, h11.Request):
-                await self._respond_error(
-                    502, "upstream", "upstream TLS verification failed", client
+            try:
+                with trio.fail_after(self.config.connect_timeout):
+                    await tls.do_handshake()
+            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                log.warning(
+                    "egress %s: upstream TLS to %s failed: %r",
+                    self.identity.server,
+                    target.authority,
+                    exc.__cause__ or exc,
                 )
-            return
-        up = HttpIO(upstream, h11.CLIENT, self.config.idle_timeout)
+                await trio.aclose_forcefully(tls)
+                raise Denied(502, "upstream", "upstream TLS verification failed") from exc
+            return HttpIO(tls, h11.CLIENT, self.config.idle_timeout)
+
+        async def upstreams(fresh: bool) -> tuple[HttpIO, bool]:
+            nonlocal up, upstream_tcp
+            if up is not None and not fresh:
+                return up, True
+            if up is not None:
+                await trio.aclose_forcefully(up.stream)
+                up = None
+            if upstream_tcp is None:
+                upstream_tcp = await self._dial(auth)
+            tcp, upstream_tcp = upstream_tcp, None
+            up = await handshake(tcp)
+            return up, False
+
         try:
             while True:
                 try:
@@ -810,17 +877,22 @@ class _Connection:
                     self._take_token(target.host)
                     injection = await self.inner_injection(target)
                     headers = forward_request_headers(event.headers, injection)
-                    await self._exchange(event, path, headers, up, injection, client)
+                    await self._exchange(event, path, headers, upstreams, injection, client)
                 except Denied as denied:
                     await self._respond_error(denied.status, denied.decision, str(denied), client)
                     return
-                if not (client.reusable and up.reusable):
+                if not client.reusable:
                     return
                 client.conn.start_next_cycle()
-                up.conn.start_next_cycle()
+                if up is not None and up.reusable:
+                    up.conn.start_next_cycle()
+                elif up is not None:
+                    # The upstream closes after this response; the tunnel goes on with a new
+                    # connection to the same checked address when the next request comes.
+                    await trio.aclose_forcefully(up.stream)
+                    up = None
         finally:
-            await trio.aclose_forcefully(server)
-            await trio.aclose_forcefully(upstream)
+            await close_all(server, None if up is None else up.stream, upstream_tcp)
 
     def _inner_path(self, request: h11.Request, target: Target) -> bytes:
         """The origin-form path of an inner request; refuse any other authority (C5)."""

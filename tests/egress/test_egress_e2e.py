@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
+from egress_support import sandbox_processes
 from gateway_support import api, login
 from upstream_support import Listener, Upstream, upstream_server
 
@@ -256,3 +257,42 @@ async def test_a_deleted_credential_applies_at_once_and_logs_hold_no_secret(
         (e["host"], e["decision"]) for e in egress_events(dp, ("secure.example.test", "deny_host"))
     }
     assert_no_secret(dp.gateway.log_text())
+
+
+async def test_a_new_placeholder_restarts_the_owners_sandboxes_a_new_secret_does_not(
+    dp: DataPlaneGateway, profiles: dict[str, dict[str, Any]]
+) -> None:
+    """The legacy server gets its placeholder in SVC_CREDENTIAL (the documented convention)."""
+    carol = profiles["carol"]
+    session = login(dp.gateway, "carol")
+
+    def put(secret: str, placeholder: str) -> None:
+        with api(dp.gateway, session) as client:
+            response = client.put(
+                "/api/credentials/echo",
+                json={"secret": secret, "placeholder": placeholder},
+                headers={"Origin": dp.gateway.origin},
+            )
+            assert response.status_code == 204, response.text
+
+    async def carol_sandboxes() -> dict[int, dict[str, str]]:
+        async with mcp_client(dp.endpoint(carol["slug"]), carol["token"]) as client:
+            assert text_of(await client.call_tool("echo_echo", {"text": "hi"})) == "hi"
+        found = sandbox_processes("echo_server.py", under=dp.gateway.proc.pid)
+        return {
+            pid: env
+            for pid, env in found.items()
+            if env.get("SVC_CREDENTIAL", "").startswith("carol-placeholder")
+        }
+
+    put("carol-secret-one-7d6c5b4a", "carol-placeholder-1")
+    first = await carol_sandboxes()
+    assert [env["SVC_CREDENTIAL"] for env in first.values()] == ["carol-placeholder-1"]
+    put("carol-secret-two-7d6c5b4a", "carol-placeholder-1")  # the secret alone: no restart
+    assert (await carol_sandboxes()).keys() == first.keys()
+    put("carol-secret-two-7d6c5b4a", "carol-placeholder-2")
+    second = await carol_sandboxes()
+    assert [env["SVC_CREDENTIAL"] for env in second.values()] == ["carol-placeholder-2"]
+    assert second.keys().isdisjoint(first.keys())
+    for env in (*first.values(), *second.values()):
+        assert not any("secret" in value for value in env.values())

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import re
 import ssl
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -25,6 +26,7 @@ from proxy_support import (
     Kit,
     Policies,
     Response,
+    RunningProxy,
     StaticLookup,
     config,
     connect,
@@ -511,6 +513,29 @@ def secure_setup(secure: Upstream) -> tuple[Policies, FakeDNS, str]:
     return policies, dns, f"{SECURE}:{secure.port}"
 
 
+@dataclass
+class SecureTunnel:
+    running: RunningProxy
+    policies: Policies
+    authority: str
+    tls: trio.SSLStream[trio.SocketStream]
+
+
+@asynccontextmanager
+async def secure_tunnel(
+    kit: Kit, secure: Upstream, alpn: Sequence[str] | None = None
+) -> AsyncIterator[SecureTunnel]:
+    """The proxy with :func:`secure_setup`'s policy and a CONNECT + TLS tunnel (SNI
+    ``SECURE``, the gateway CA trusted, ``alpn`` offered) to the ``secure`` upstream; the
+    tunnel, then the proxy, are closed at the end."""
+    policies, dns, authority = secure_setup(secure)
+    async with kit.run(config(secure.port), policies, dns) as running:
+        context = kit.client_context(alpn=alpn)
+        tls = await tls_tunnel(running.port(), authority, context, sni=SECURE)
+        async with tls:
+            yield SecureTunnel(running, policies, authority, tls)
+
+
 async def test_c5_intercepted_request_carries_the_credential(kit: Kit, secure: Upstream) -> None:
     policies, dns, authority = secure_setup(secure)
     async with kit.run(config(secure.port), policies, dns) as running:
@@ -552,45 +577,36 @@ async def test_c5_sni_naming_another_host_fails_the_handshake(kit: Kit, secure: 
 async def test_c5_inner_request_for_another_authority_is_421(
     kit: Kit, secure: Upstream, target: str, host: str
 ) -> None:
-    policies, dns, authority = secure_setup(secure)
     names = {
-        "secure": authority,
+        "secure": f"{SECURE}:{secure.port}",
         "other": f"{OTHER}:{secure.port}",
         "wrong_port": f"{SECURE}:{secure.port + 1}",
     }
     target, host = target.format(**names), host.format(**names)
-    async with kit.run(config(secure.port), policies, dns) as running:
-        tls = await tls_tunnel(running.port(), authority, kit.client_context(), sni=SECURE)
-        async with tls:
-            response = await exchange(tls, request_bytes("GET", target, host=host))
+    async with secure_tunnel(kit, secure) as tunnel:
+        response = await exchange(tunnel.tls, request_bytes("GET", target, host=host))
     assert (response.status, response.egress) == (421, "deny_mismatch")
-    assert running.sink.decisions() == ["allow", "deny_mismatch"]
+    assert tunnel.running.sink.decisions() == ["allow", "deny_mismatch"]
     assert secure.seen == []
 
 
 async def test_c5_inner_absolute_form_for_the_tunnel_target_is_forwarded(
     kit: Kit, secure: Upstream
 ) -> None:
-    policies, dns, authority = secure_setup(secure)
-    async with kit.run(config(secure.port), policies, dns) as running:
-        tls = await tls_tunnel(running.port(), authority, kit.client_context(), sni=SECURE)
-        async with tls:
-            data = request_bytes("GET", f"https://{authority}/abs?q=1", host=authority)
-            response = await exchange(tls, data)
+    async with secure_tunnel(kit, secure) as tunnel:
+        authority = tunnel.authority
+        data = request_bytes("GET", f"https://{authority}/abs?q=1", host=authority)
+        response = await exchange(tunnel.tls, data)
     assert response.status == 200
     assert [seen.path for seen in secure.seen] == ["/abs?q=1"]
 
 
 async def test_c5_only_http11_is_negotiated(kit: Kit, secure: Upstream) -> None:
-    policies, dns, authority = secure_setup(secure)
-    async with kit.run(config(secure.port), policies, dns) as running:
-        context = kit.client_context(alpn=["h2", "http/1.1"])
-        tls = await tls_tunnel(running.port(), authority, context, sni=SECURE)
-        async with tls:
-            assert tls.selected_alpn_protocol() == "http/1.1"
-            # HTTP/2 prior knowledge anyway: refused, nothing reaches the upstream.
-            await tls.send_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-            response = await read_response(tls)
+    async with secure_tunnel(kit, secure, alpn=["h2", "http/1.1"]) as tunnel:
+        assert tunnel.tls.selected_alpn_protocol() == "http/1.1"
+        # HTTP/2 prior knowledge anyway: refused, nothing reaches the upstream.
+        await tunnel.tls.send_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        response = await read_response(tunnel.tls)
     assert response.status in (0, 400, 421)  # refused one way or another
     assert secure.seen == []
 
@@ -623,15 +639,11 @@ async def test_c5_connect_host_header_does_not_select_the_credential(
 async def test_c5_a_second_authority_on_the_same_tunnel_is_refused(
     kit: Kit, secure: Upstream
 ) -> None:
-    policies, dns, authority = secure_setup(secure)
-    async with kit.run(config(secure.port), policies, dns) as running:
-        tls = await tls_tunnel(running.port(), authority, kit.client_context(), sni=SECURE)
-        async with tls:
-            first = await exchange(tls, request_bytes("GET", "/one", host=authority))
-            second = await exchange(
-                tls, request_bytes("GET", "/two", host=f"{OTHER}:{secure.port}")
-            )
-            assert await read_until_closed(tls) == b""
+    async with secure_tunnel(kit, secure) as tunnel:
+        tls = tunnel.tls
+        first = await exchange(tls, request_bytes("GET", "/one", host=tunnel.authority))
+        second = await exchange(tls, request_bytes("GET", "/two", host=f"{OTHER}:{secure.port}"))
+        assert await read_until_closed(tls) == b""
     assert first.status == 200
     assert (second.status, second.egress) == (421, "deny_mismatch")
     assert [seen.path for seen in secure.seen] == ["/one"]
@@ -913,13 +925,10 @@ async def test_c9_smuggling_inside_an_intercepted_tunnel_is_refused(
     kit: Kit, secure: Upstream, start: str, lines: str, body: bytes, status: int
 ) -> None:
     decision = {400: "deny_request", 421: "deny_mismatch"}[status]
-    policies, dns, authority = secure_setup(secure)
-    async with kit.run(config(secure.port), policies, dns) as running:
-        tls = await tls_tunnel(running.port(), authority, kit.client_context(), sni=SECURE)
-        async with tls:
-            response = await exchange(tls, smuggle(start, authority, lines, body))
+    async with secure_tunnel(kit, secure) as tunnel:
+        response = await exchange(tunnel.tls, smuggle(start, tunnel.authority, lines, body))
     assert (response.status, response.egress) == (status, decision)
-    assert running.sink.decisions() == ["allow", decision]
+    assert tunnel.running.sink.decisions() == ["allow", decision]
     assert secure.seen == []
 
 
@@ -1136,15 +1145,13 @@ async def test_c11_vault_failure_denies_without_contacting_the_upstream(
 async def test_c11_a_revoked_credential_applies_to_the_next_request_in_a_tunnel(
     kit: Kit, secure: Upstream
 ) -> None:
-    policies, dns, authority = secure_setup(secure)
-    async with kit.run(config(secure.port), policies, dns) as running:
-        tls = await tls_tunnel(running.port(), authority, kit.client_context(), sni=SECURE)
-        async with tls:
-            first = await exchange(tls, request_bytes("GET", "/before", host=authority))
-            assert first.status == 200
-            # The owner deletes the credential (and the server's rules allow nothing).
-            policies.by_identity[IDENTITY_1] = StaticLookup()
-            second = await exchange(tls, request_bytes("GET", "/after", host=authority))
+    async with secure_tunnel(kit, secure) as tunnel:
+        tls, authority = tunnel.tls, tunnel.authority
+        first = await exchange(tls, request_bytes("GET", "/before", host=authority))
+        assert first.status == 200
+        # The owner deletes the credential (and the server's rules allow nothing).
+        tunnel.policies.by_identity[IDENTITY_1] = StaticLookup()
+        second = await exchange(tls, request_bytes("GET", "/after", host=authority))
     injected = {s.path: s.headers.get("authorization") for s in secure.seen}
     assert injected["/before"] == f"Bearer {SECRET_1.decode()}"
     assert second.status != 200 or injected.get("/after") is None
