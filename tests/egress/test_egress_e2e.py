@@ -296,3 +296,9 @@ async def test_a_new_placeholder_restarts_the_owners_sandboxes_a_new_secret_does
     assert second.keys().isdisjoint(first.keys())
     for env in (*first.values(), *second.values()):
         assert not any("secret" in value for value in env.values())
+
+
+def test_the_carve_out_and_host_map_are_announced_at_start(dp: DataPlaneGateway) -> None:
+    log = dp.gateway.log_text()
+    assert "SVC_EGRESS_ALLOW_CIDRS is set" in log and "127.0.0.0/8" in log
+    assert "SVC_EGRESS_HOSTS maps" in log and "api.example.test" in log
