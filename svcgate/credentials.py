@@ -1,7 +1,8 @@
 """Per-user, per-server API credentials: validation and storage (secrets sealed by the vault).
 
-The secret never leaves this module in plaintext except through :func:`reveal`, used only by
-the egress proxy. Listing returns metadata only.
+The secret never leaves this module in plaintext: :func:`read_stored` gives the egress proxy
+the sealed blob with the injection settings, and the proxy opens it with the vault only when
+a request is about to carry it. Listing returns metadata only.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from svcgate import audit
@@ -168,13 +169,34 @@ def profiles_using(conn: sqlite3.Connection, user_id: int, server: str) -> list[
     return [int(row[0]) for row in rows]
 
 
-def reveal(conn: sqlite3.Connection, vault: Vault, user_id: int, server: str) -> bytes | None:
-    """The plaintext secret for the egress proxy, or None when there is no credential."""
+@dataclass(frozen=True)
+class StoredCredential:
+    """A credential row as the egress proxy needs it: injection settings and the sealed secret."""
+
+    inject_header: str | None
+    inject_format: str | None
+    placeholder: str | None
+    # Patterns as stored; a corrupt column reads as no host at all (fail closed).
+    allowed_hosts: list[str]
+    sealed: Sealed = field(repr=False)
+
+
+def read_stored(conn: sqlite3.Connection, user_id: int, server: str) -> StoredCredential | None:
     row = conn.execute(
-        "SELECT ciphertext, wrapped_dek, kek_version FROM credentials"
-        " WHERE user_id = ? AND server = ?",
+        "SELECT ciphertext, wrapped_dek, kek_version, inject_header, inject_format, placeholder,"
+        " allowed_hosts FROM credentials WHERE user_id = ? AND server = ?",
         (user_id, server),
     ).fetchone()
     if row is None:
         return None
-    return vault.open(user_id, server, Sealed(row[0], row[1], row[2]))
+    try:
+        hosts = json.loads(row[6])
+    except ValueError:
+        hosts = []
+    return StoredCredential(
+        inject_header=row[3],
+        inject_format=row[4],
+        placeholder=row[5],
+        allowed_hosts=[h for h in hosts if isinstance(h, str)] if isinstance(hosts, list) else [],
+        sealed=Sealed(row[0], row[1], row[2]),
+    )

@@ -22,9 +22,7 @@ request); the secret is decrypted only when a request is about to carry it.
 
 from __future__ import annotations
 
-import json
 import logging
-import sqlite3
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +33,7 @@ import trio
 
 from netns import core as netns_core
 from sandbox import SandboxSpec
+from svcgate.credentials import StoredCredential, read_stored
 from svcgate.egress.addresses import IPAddress
 from svcgate.egress.audit_sink import EgressAuditSink
 from svcgate.egress.ca import GatewayCA, upstream_context
@@ -44,7 +43,7 @@ from svcgate.egress.proxy import EgressIdentity, EgressProxy, ProxyConfig, Sandb
 from svcgate.egress.resolver import Resolver
 from svcgate.store import Store
 from svcgate.supervisor import SandboxKey, SandboxOwner
-from svcgate.vault import Sealed, Vault
+from svcgate.vault import Vault
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +51,6 @@ CA_BUNDLE_PATH = "/svcgate/tls/ca-bundle.pem"
 NO_PLACEHOLDER = "svcgate-credential-injected-by-proxy"
 CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
-
-
-@dataclass(frozen=True)
-class CredentialRow:
-    rule: CredentialRule
-    sealed: Sealed = field(repr=False)
-
-
-def read_credential(conn: sqlite3.Connection, user_id: int, server: str) -> CredentialRow | None:
-    row = conn.execute(
-        "SELECT ciphertext, wrapped_dek, kek_version, inject_header, inject_format, placeholder,"
-        " allowed_hosts FROM credentials WHERE user_id = ? AND server = ?",
-        (user_id, server),
-    ).fetchone()
-    if row is None:
-        return None
-    try:
-        hosts = json.loads(row[6])
-    except ValueError:
-        hosts = []  # a corrupt row allows nothing (fail closed)
-    rule = CredentialRule.of(hosts if isinstance(hosts, list) else [], row[3], row[4], row[5])
-    return CredentialRow(rule, Sealed(row[0], row[1], row[2]))
 
 
 @dataclass(frozen=True)
@@ -151,19 +128,18 @@ class EgressService:
 
     async def lookup(self, identity: EgressIdentity) -> _Lookup:
         rules = self.server_rules(identity.server)
-        row: CredentialRow | None = None
+        row: StoredCredential | None = None
         if identity.user_id:  # the legacy profile has no owner, so no credentials
             row = await self.store.read(
-                partial(read_credential, user_id=identity.user_id, server=identity.server)
+                partial(read_stored, user_id=identity.user_id, server=identity.server)
             )
         if row is None:
             return _Lookup(rules, None, _no_secret)
         vault, sealed = self.vault, row.sealed
-        return _Lookup(
-            rules,
-            row.rule,
-            lambda: vault.open(identity.user_id, identity.server, sealed),
+        rule = CredentialRule.of(
+            row.allowed_hosts, row.inject_header, row.inject_format, row.placeholder
         )
+        return _Lookup(rules, rule, lambda: vault.open(identity.user_id, identity.server, sealed))
 
     def _env(self, port: int, rules: ServerRules, placeholder: str | None) -> dict[str, str]:
         proxy = f"http://127.0.0.1:{port}"
@@ -193,10 +169,10 @@ class EgressService:
         placeholder: str | None = None
         if owner.user_id and rules.credential_env is not None:
             row = await self.store.read(
-                partial(read_credential, user_id=owner.user_id, server=key.server)
+                partial(read_stored, user_id=owner.user_id, server=key.server)
             )
             if row is not None:
-                placeholder = row.rule.placeholder or NO_PLACEHOLDER
+                placeholder = row.placeholder or NO_PLACEHOLDER
         sock = await trio.to_thread.run_sync(
             partial(netns_core.open_listener, namespace, host="127.0.0.1", port=0, backlog=256),
             limiter=self._listen_limiter,
