@@ -1,4 +1,5 @@
-"""The ``svcgate`` command: ``serve``, ``demo``, ``vault``, ``netns``, ``sandbox``, ``version``.
+"""The ``svcgate`` command: ``serve``, ``demo``, ``vault``, ``netns``, ``sandbox``, ``registry``,
+``version``.
 
 Exit codes: 0 after a clean shutdown, 2 for a bad setting (one line naming the variable),
 1 for any other start-up failure (one line saying what failed). The operator commands
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from svcgate import __version__, operator_cli, vault
 from svcgate.daemon import DB_NAME, serve_settings
 from svcgate.demo import run_demo
+from svcgate.registry import cli as registry_cli
 from svcgate.settings import (
     SettingsError,
     data_dir_from_env,
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rotate.set_defaults(func=cmd_vault_rotate)
     operator_cli.add_parsers(sub)
+    registry_cli.add_parsers(sub)
     version = sub.add_parser("version", help="print the version")
     version.set_defaults(func=lambda _: print(f"svcgate {__version__}") or 0)
     return parser

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import secrets
 import signal
+import stat
 import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
@@ -31,6 +32,7 @@ import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
 
+from sandbox.images import ImageError, ImageStore
 from svcgate import servers
 from svcgate.api.app import create_api_app
 from svcgate.api.context import Services
@@ -44,6 +46,8 @@ from svcgate.egress.service import EgressService, ca_directory
 from svcgate.front import Front
 from svcgate.oidc import FlowRegistry, OidcClient, OidcError
 from svcgate.operator_socket import ControlSocketError, serve_control_socket
+from svcgate.registry.installed import InstalledCatalogue
+from svcgate.registry.installer import Installer, load_catalogue
 from svcgate.runtime import TEARDOWN_DEADLINE, RuntimeManager
 from svcgate.server_defs import ConfiguredServers
 from svcgate.settings import Settings
@@ -113,7 +117,10 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                 if settings.echo_bin is not None:
                     configured.append(servers.LEGACY_SERVER)
                 await store.write(lambda conn: servers.ensure_server_rows(conn, configured))
-                configured_servers = ConfiguredServers(settings)
+                images = await open_image_store(settings)
+                catalogue = InstalledCatalogue(images.root)
+                await load_catalogue(store, images, catalogue)
+                configured_servers = ConfiguredServers(settings, catalogue)
                 ca, own = prepare_egress(settings)
                 try:
                     async with open_audit_sink(store) as sink:
@@ -131,12 +138,28 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                             SupervisorConfig(state_dir=settings.sandbox_dir), egress=egress
                         )
                         runtimes = RuntimeManager(store, supervisor, configured_servers)
+                        installer: Installer | None = None
+                        if settings.registry is not None:
+                            installer = Installer(
+                                settings.registry,
+                                store=store,
+                                images=images,
+                                catalogue=catalogue,
+                                configured=configured_servers.configured,
+                                runtimes=runtimes,
+                                http=http,
+                            )
+                            log.info(
+                                "registry installer ready: index %s, %d trusted key(s)",
+                                settings.registry.index_url,
+                                len(settings.registry.keys),
+                            )
                         front = Front(
-                            _api_app(settings, store, oidc, runtimes, vault),
+                            _api_app(settings, store, oidc, runtimes, vault, installer),
                             DataPlane(settings.bearer_token, store, runtimes, settings.mcp_origins),
                         )
                         await _serve_until_signal(
-                            front, settings, supervisor, runtimes, signals, on_ready
+                            front, settings, supervisor, runtimes, signals, on_ready, installer
                         )
                 except BaseExceptionGroup as group:
                     # A service that fails before it is ready fails inside a nursery.
@@ -153,6 +176,7 @@ def _api_app(
     oidc: OidcClient | None,
     runtimes: RuntimeManager,
     vault: Vault,
+    installer: Installer | None,
 ) -> ASGIApp | None:
     if oidc is None:
         log.warning("OIDC is not configured: the control plane (/api/) is disabled")
@@ -165,9 +189,31 @@ def _api_app(
         flows=FlowRegistry(),
         runtimes=runtimes,
         vault=vault,
+        installer=installer,
     )
     # Quart types its ASGI signature with hypercorn's TypedDicts; ours are plain.
     return cast(ASGIApp, create_api_app(services))
+
+
+async def open_image_store(settings: Settings) -> ImageStore:
+    """The unpacked-image store; its parents must be searchable by the sandbox uid."""
+    root = settings.image_dir
+    try:
+        images = await trio.to_thread.run_sync(ImageStore, root)
+    except (OSError, ImageError) as exc:
+        raise StartupError(f"SVC_IMAGE_DIR: cannot prepare {str(root)!r} ({exc})") from exc
+    closed = [
+        str(parent) for parent in (root, *root.parents) if not parent.stat().st_mode & stat.S_IXOTH
+    ]
+    if closed:
+        problem = (
+            f"SVC_IMAGE_DIR: {closed[0]} is not searchable by other users, so sandboxes "
+            "could not open installed images; choose a directory outside the data directory"
+        )
+        if settings.registry is not None:
+            raise StartupError(problem)
+        log.warning("%s", problem)
+    return images
 
 
 def prepare_egress(settings: Settings) -> tuple[GatewayCA, frozenset[IPAddress]]:
@@ -204,6 +250,7 @@ async def _serve_until_signal(
     runtimes: RuntimeManager,
     signals: AsyncIterator[int],
     on_ready: Callable[[list[str]], None],
+    installer: Installer | None = None,
 ) -> None:
     shutdown = trio.Event()
     served = trio.Event()
@@ -242,6 +289,8 @@ async def _serve_until_signal(
             raise StartupError(f"control socket: {exc}") from exc
         binds = await nursery.start(partial(http_server))
         on_ready(binds)
+        if installer is not None and installer.settings.install_at_start:
+            nursery.start_soon(installer.install_missing, installer.settings.install_at_start)
         await served.wait()
         # Profile runtimes first (they stop their sandboxes), then everything else.
         with trio.move_on_after(TEARDOWN_DEADLINE):

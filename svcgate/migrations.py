@@ -82,4 +82,26 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX credentials_kek ON credentials(kek_version);
     """,
+    # 3: servers installed from the signed registry, and the registry's trusted state.
+    """
+    CREATE TABLE installed_servers (
+        server_id INTEGER PRIMARY KEY REFERENCES servers(id) ON DELETE CASCADE,
+        version TEXT NOT NULL,
+        image TEXT NOT NULL,
+        image_digest TEXT NOT NULL,
+        manifest TEXT NOT NULL,
+        runtime TEXT NOT NULL,
+        index_version INTEGER NOT NULL,
+        installed_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE INDEX installed_servers_digest ON installed_servers(image_digest);
+    CREATE TABLE registry_state (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        version INTEGER NOT NULL,
+        sha256 TEXT NOT NULL,
+        expires TEXT NOT NULL,
+        accepted_at TEXT NOT NULL
+    );
+    """,
 )

@@ -63,10 +63,13 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox import SandboxSpec
+from svcgate import audit
 from svcgate import servers as server_catalogue
 from svcgate.asgi_io import Receive, Scope, Send
 from svcgate.downstream import Downstream, DownstreamError, DownstreamGone
 from svcgate.naming import NameMap, exposed_name, map_names, resolve_resources, split_exposed
+from svcgate.registry.index import ToolPin
+from svcgate.registry.toolpins import Withheld, check_tools
 from svcgate.store import Store
 from svcgate.supervisor import (
     SandboxKey,
@@ -124,6 +127,9 @@ class ServerDefinition:
     build_spec: Callable[[SandboxKey, SandboxOwner], SandboxSpec]
     # None: no manifest, every tool is exposed; else only these (default: true) tools.
     default_tools: frozenset[str] | None = None
+    # Registry servers: each tool's pinned definition hash (THREATS F5). A tool without a
+    # matching pin is withheld and audited; with pins, ``default_tools`` is not used.
+    pins: Mapping[str, ToolPin] | None = None
 
 
 class ServerResolver(Protocol):
@@ -167,6 +173,8 @@ class ServerRuntime:
     # began, and those being re-listed right now (at most one refresh per list).
     stale: set[str] = field(default_factory=set)
     refreshing: set[str] = field(default_factory=set)
+    # (tool, hash) pairs already audited as withheld by this runtime.
+    reported: set[tuple[str, str]] = field(default_factory=set)
 
     def listed_kinds(self) -> list[str]:
         """The lists the gateway keeps for this server: tools, and what it declares."""
@@ -272,10 +280,12 @@ class ProfileRuntime:
         target: RuntimeTarget,
         supervisor: SandboxSupervisor,
         resolver: ServerResolver,
+        store: Store | None = None,
     ) -> None:
         self.target = target
         self._supervisor = supervisor
         self._resolver = resolver
+        self._store = store
         self.servers: dict[str, ServerRuntime] = {}
         self.closed = False
         self.started_at = time.time()
@@ -454,15 +464,51 @@ class ProfileRuntime:
 
     async def _refresh_tools(self, server: ServerRuntime) -> None:
         tools = [t for t in await self._list_all(server, "tools/list", "tools") if _named(t)]
-        allowed = server.definition.default_tools if server.definition else None
-        if allowed is not None:
-            tools = [t for t in tools if t["name"] in allowed]
+        definition = server.definition
+        if definition is not None and definition.pins is not None:
+            tools, withheld = check_tools(tools, definition.pins)
+            await self._report_withheld(server, withheld)
+        elif definition is not None and definition.default_tools is not None:
+            tools = [t for t in tools if t["name"] in definition.default_tools]
         server.tool_names = map_names(server.name, [t["name"] for t in tools])
         for name in server.tool_names.dropped:
             log.warning(
                 "server %r: tool %r cannot be given a valid name; hidden", server.name, name
             )
         server.tools = tools
+
+    async def _report_withheld(self, server: ServerRuntime, withheld: list[Withheld]) -> None:
+        """Log and audit tools that differ from their pins (once per tool and hash)."""
+        fresh = [w for w in withheld if (w.name, w.sha256) not in server.reported]
+        if not fresh:
+            return
+        for item in fresh:
+            server.reported.add((item.name, item.sha256))
+            log.warning(
+                "profile %s: server %r offers %s tool %r (not as pinned at install); withheld",
+                self.target.slug,
+                server.name,
+                item.reason,
+                item.name[:128],
+            )
+        if self._store is None:
+            return
+        target = self.target
+
+        def write(conn: Any) -> None:
+            for item in fresh:
+                audit.record(
+                    conn,
+                    kind="admin",
+                    decision="tool_withheld",
+                    user_id=target.user_id,
+                    profile_id=target.profile_id,
+                    server=server.name,
+                    detail=f"{item.reason} tool {item.name[:128]!r} sha256={item.sha256}",
+                )
+
+        with trio.CancelScope(shield=True):
+            await self._store.write(write)
 
     async def _refresh_prompts(self, server: ServerRuntime) -> None:
         prompts = [p for p in await self._list_all(server, "prompts/list", "prompts") if _named(p)]
@@ -803,6 +849,8 @@ class _Entry:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     runtime: ProfileRuntime | None = None
     error: BaseException | None = None
+    # Torn down by invalidate(): a request waiting on it starts a fresh runtime instead.
+    invalidated: bool = False
 
 
 class RuntimeManager:
@@ -840,6 +888,10 @@ class RuntimeManager:
             await entry.ready.wait()
             if entry.runtime is not None and not entry.runtime.closed:
                 return entry.runtime
+            if entry.invalidated:
+                # Invalidated while starting (an install, a bundle edit): start afresh.
+                await entry.done.wait()
+                continue
             if entry.error is not None:
                 raise RuntimeStartError(str(entry.error)) from entry.error
             if self._entries.get(target.profile_id) is entry:
@@ -868,7 +920,7 @@ class RuntimeManager:
                     if target.legacy
                     else lambda conn: server_catalogue.profile_bundle(conn, target.profile_id)
                 )
-                runtime = ProfileRuntime(target, self._supervisor, self._resolver)
+                runtime = ProfileRuntime(target, self._supervisor, self._resolver, self._store)
                 async with trio.open_nursery() as nursery:
                     entry.runtime = await nursery.start(runtime.run, bundle)
                     entry.ready.set()
@@ -887,11 +939,19 @@ class RuntimeManager:
             entry.ready.set()
             entry.done.set()
 
-    async def invalidate(self, profile_ids: Iterable[int], *, reason: str) -> None:
-        """Tear down the warm (or starting) runtimes of these profiles."""
+    async def invalidate(
+        self, profile_ids: Iterable[int], *, reason: str, restart: bool = True
+    ) -> None:
+        """Tear down the warm (or starting) runtimes of these profiles.
+
+        With ``restart``, a request waiting for one of them to start starts it afresh (its
+        bundle or servers changed); without (the profile is gone, the gateway stops), the
+        waiting request fails.
+        """
         entries = [self._entries[p] for p in sorted(set(profile_ids)) if p in self._entries]
         for entry in entries:
             log.info("profile %s: runtime invalidated (%s)", entry.target.slug, reason)
+            entry.invalidated = restart
             del self._entries[entry.target.profile_id]
         # Tell open sessions their lists changed (best effort, bounded) before they end, so
         # a client listening on its GET stream re-lists after reconnecting.
@@ -916,7 +976,7 @@ class RuntimeManager:
 
     async def close(self) -> None:
         """Tear down every runtime (gateway shutdown, before the sandbox supervisor stops)."""
-        await self.invalidate(list(self._entries), reason="gateway shutting down")
+        await self.invalidate(list(self._entries), reason="gateway shutting down", restart=False)
 
     def status(self, profile_id: int, *, detail: bool) -> dict[str, Any]:
         """``{"state": "cold"|"starting"|"warm", "servers": [...]}`` for the API."""

@@ -12,8 +12,14 @@ from typing import Any, Protocol
 
 
 class RuntimeInvalidator(Protocol):
-    async def invalidate(self, profile_ids: Iterable[int], *, reason: str) -> None:
-        """Tear down the warm runtimes of these profiles (a no-op for cold ones)."""
+    async def invalidate(
+        self, profile_ids: Iterable[int], *, reason: str, restart: bool = True
+    ) -> None:
+        """Tear down the warm runtimes of these profiles (a no-op for cold ones); with
+        ``restart`` a request waiting for one to start starts it again."""
+
+    async def invalidate_server(self, server: str, *, reason: str) -> None:
+        """Tear down every runtime that runs ``server`` (install, upgrade, uninstall)."""
 
     def status(self, profile_id: int, *, detail: bool) -> dict[str, Any]:
         """The runtime state of a profile, for ``GET /api/profiles/{id}``."""

@@ -18,6 +18,13 @@ from urllib.parse import urlsplit
 from svcgate.duration import parse_duration
 from svcgate.egress.config import EgressConfigError, EgressSettings, egress_settings_from_env
 from svcgate.local_servers import LocalServer, LocalServersError, parse_local_servers
+from svcgate.registry.config import (
+    DEFAULT_IMAGE_DIR,
+    RegistryConfigError,
+    RegistrySettings,
+    image_dir_from_env,
+    registry_settings_from_env,
+)
 from svcgate.servers import LEGACY_SERVER
 
 DEFAULT_LISTEN = "0.0.0.0:8080"  # the product listens on all interfaces by default (SPEC)
@@ -77,6 +84,10 @@ class Settings:
     mcp_allowed_origins: tuple[str, ...] = ()
     # The egress proxy (SVC_EGRESS_*).
     egress: EgressSettings = field(default_factory=EgressSettings)
+    # The registry installer (SVC_REGISTRY_*); None: install/uninstall answer 501.
+    registry: RegistrySettings | None = None
+    # Unpacked images of installed servers (SVC_IMAGE_DIR).
+    image_dir: Path = Path(DEFAULT_IMAGE_DIR)
 
     @property
     def mcp_origins(self) -> tuple[str, ...]:
@@ -316,6 +327,11 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         egress = egress_settings_from_env(env)
     except EgressConfigError as exc:
         raise SettingsError(exc.variable, str(exc)) from exc
+    try:
+        registry = registry_settings_from_env(env)
+        image_dir = image_dir_from_env(env)
+    except RegistryConfigError as exc:
+        raise SettingsError(exc.variable, str(exc)) from exc
 
     return Settings(
         listen_host=host,
@@ -335,4 +351,6 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         local_servers=local_servers,
         mcp_allowed_origins=tuple(mcp_allowed_origins),
         egress=egress,
+        registry=registry,
+        image_dir=image_dir,
     )

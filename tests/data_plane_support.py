@@ -18,6 +18,7 @@ node_modules is copied to one when the checkout's own tree is not traversable:
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import trio
 from gateway_support import Gateway, api, login, start_gateway
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -268,3 +270,27 @@ async def mcp_client(
         transport = streamable_http_client(url, http_client=http)
         async with Client(transport, mode=mode, **kwargs) as client:
             yield client
+
+
+def text_of(result: Any) -> str:
+    """The text of a tools/call result (its text content parts, joined)."""
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+class Notifications:
+    """A message_handler that hands tools/list_changed notifications to the test."""
+
+    def __init__(self) -> None:
+        self.send, self.receive = trio.open_memory_channel[str](math.inf)
+
+    async def __call__(self, message: Any) -> None:
+        root = getattr(message, "root", message)
+        method = getattr(root, "method", None)
+        if isinstance(method, str):
+            await self.send.send(method)
+
+    async def wait_for(self, method: str, within: float = 20) -> None:
+        with trio.fail_after(within):
+            async for seen in self.receive:
+                if seen == method:
+                    return

@@ -85,6 +85,8 @@ def start_gateway(
         "SVC_DATA_DIR": str(data_dir),
         "SVC_BEARER_TOKEN": "legacy-test-token-0123456789",
         "SVC_ECHO_BIN": "/bin/true",
+        # Never the default /var/lib/svcgate-images: each gateway gets its own image store.
+        "SVC_IMAGE_DIR": str(tmp / "images"),
         "PYTHONUNBUFFERED": "1",
     }
     if idp is not None:

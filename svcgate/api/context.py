@@ -12,6 +12,7 @@ from quart import current_app, g, request
 from svcgate.accounts import SessionInfo
 from svcgate.errors import Invalid, Unauthenticated
 from svcgate.oidc import FlowRegistry, OidcClient
+from svcgate.registry.installer import Installer
 from svcgate.runtime_hooks import RuntimeInvalidator
 from svcgate.settings import Settings
 from svcgate.store import Store
@@ -34,6 +35,8 @@ class Services:
     flows: FlowRegistry
     runtimes: RuntimeInvalidator
     vault: Vault
+    # The registry installer (None: install and uninstall answer 501).
+    installer: Installer | None = None
 
 
 def services() -> Services:

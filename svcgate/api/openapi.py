@@ -88,6 +88,17 @@ SERVER = {
     "required": ["id", "name"],
     "properties": {"id": {"type": "integer"}, "name": {"type": "string"}},
 }
+INSTALLED_SERVER = {
+    "type": "object",
+    "required": ["id", "name", "version", "image", "image_digest"],
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string"},
+        "version": {"type": "string"},
+        "image": {"type": "string", "description": "registry/repository@sha256:... as indexed"},
+        "image_digest": {"type": "string", "description": "the platform manifest unpacked"},
+    },
+}
 CREDENTIAL = {
     "type": "object",
     "required": ["server", "allowed_hosts"],
@@ -150,6 +161,7 @@ COMPONENTS = {
     "Profile": PROFILE,
     "Runtime": RUNTIME,
     "Server": SERVER,
+    "InstalledServer": INSTALLED_SERVER,
     "CredentialMetadata": CREDENTIAL,
     "AuditEvent": AUDIT_EVENT,
     "AuditPage": AUDIT_PAGE,

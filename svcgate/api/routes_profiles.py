@@ -122,7 +122,7 @@ async def delete_profile(profile_id: int) -> Response:
         profiles.delete_profile(conn, profiles.get_profile(conn, pid, owner), actor)
 
     await services().store.write(delete)
-    await services().runtimes.invalidate([pid], reason="profile deleted")
+    await services().runtimes.invalidate([pid], reason="profile deleted", restart=False)
     return Response(b"", status=204)
 
 

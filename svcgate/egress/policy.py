@@ -109,6 +109,10 @@ class ServerRules:
     credential_hosts: tuple[str, ...] = ()
     # The environment variable that receives the credential's placeholder (or None).
     credential_env: str | None = None
+    # How the credential is sent (a registry manifest's injection config), used when the
+    # owner's credential does not say: header name and format with ``{token}``.
+    inject_header: str | None = None
+    inject_format: str | None = None
 
     @classmethod
     def of(
@@ -116,8 +120,16 @@ class ServerRules:
         hosts: Iterable[str] = (),
         credential_hosts: Iterable[str] = (),
         credential_env: str | None = None,
+        inject_header: str | None = None,
+        inject_format: str | None = None,
     ) -> ServerRules:
-        return cls(clean_patterns(hosts), clean_patterns(credential_hosts), credential_env)
+        return cls(
+            clean_patterns(hosts),
+            clean_patterns(credential_hosts),
+            credential_env,
+            inject_header,
+            inject_format,
+        )
 
 
 NO_RULES = ServerRules()

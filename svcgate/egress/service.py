@@ -136,9 +136,11 @@ class EgressService:
         if row is None:
             return _Lookup(rules, None, _no_secret)
         vault, sealed = self.vault, row.sealed
-        rule = CredentialRule.of(
-            row.allowed_hosts, row.inject_header, row.inject_format, row.placeholder
-        )
+        header, fmt = row.inject_header, row.inject_format
+        if header is None and fmt is None:
+            # The credential says nothing about how it is sent: the manifest decides.
+            header, fmt = rules.inject_header, rules.inject_format
+        rule = CredentialRule.of(row.allowed_hosts, header, fmt, row.placeholder)
         return _Lookup(rules, rule, lambda: vault.open(identity.user_id, identity.server, sealed))
 
     def _env(self, port: int, rules: ServerRules, placeholder: str | None) -> dict[str, str]:

@@ -28,7 +28,13 @@ from typing import Any
 import mcp_types as types
 import pytest
 import trio
-from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
+from data_plane_support import (
+    DataPlaneGateway,
+    Notifications,
+    data_plane_gateway,
+    mcp_client,
+    text_of,
+)
 from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from node_support import NODE_MISSING_REASON, node_available
@@ -75,34 +81,11 @@ async def connect(
         yield client
 
 
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
-
-
 def hashed(original: str, sanitized: str, server: str) -> str:
     """The naming rule's hashed form, computed here independently of svcgate.naming."""
     room = 64 - len(server) - 1
     tag = hashlib.sha256(original.encode()).hexdigest()[:8]
     return f"{sanitized[: room - 9]}-{tag}"
-
-
-class Notifications:
-    """A message_handler that hands tools/list_changed notifications to the test."""
-
-    def __init__(self) -> None:
-        self.send, self.receive = trio.open_memory_channel[str](math.inf)
-
-    async def __call__(self, message: Any) -> None:
-        root = getattr(message, "root", message)
-        method = getattr(root, "method", None)
-        if isinstance(method, str):
-            await self.send.send(method)
-
-    async def wait_for(self, method: str, within: float = 20) -> None:
-        with trio.fail_after(within):
-            async for seen in self.receive:
-                if seen == method:
-                    return
 
 
 # -- tools: union, names, routing, manifests ------------------------------------------------

@@ -1,0 +1,1 @@
+"""Signed registry index, OCI image pulls, and the server installer."""
