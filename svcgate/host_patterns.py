@@ -84,3 +84,17 @@ def matches(pattern: str, host: str) -> bool:
         suffix = pattern[1:]  # ".example.com"
         return host.endswith(suffix) and len(host) > len(suffix)
     return host == pattern
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback IP literal (``127.0.0.0/8``, ``::1``; brackets allowed).
+
+    Names below ``localhost`` are not included: outside systemd-resolved they go to DNS.
+    """
+    bare = host.strip("[]").lower()
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False

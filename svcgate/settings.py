@@ -7,7 +7,6 @@ messages or in ``repr``.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from urllib.parse import urlsplit
 
 from svcgate.duration import parse_duration
 from svcgate.egress.config import EgressConfigError, EgressSettings, egress_settings_from_env
+from svcgate.host_patterns import is_loopback_host
 from svcgate.local_servers import LocalServer, LocalServersError, parse_local_servers
 from svcgate.registry.config import (
     DEFAULT_IMAGE_DIR,
@@ -104,15 +104,6 @@ class Settings:
         return self.public_origin is not None and self.public_origin.startswith("https://")
 
 
-def _is_loopback_host(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _parse_listen(value: str) -> tuple[str, int]:
     match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^:\[\]]*):(\d{1,5})", value)
     if match is None:
@@ -169,7 +160,7 @@ def _parse_oidc(env: Mapping[str, str]) -> OidcSettings | None:
         )
     issuer = values["SVC_OIDC_ISSUER"]
     scheme, host, _ = _parse_http_url("SVC_OIDC_ISSUER", issuer)
-    if scheme != "https" and not _is_loopback_host(host):
+    if scheme != "https" and not is_loopback_host(host):
         raise SettingsError("SVC_OIDC_ISSUER", "must be https:// (http:// only for loopback)")
     if "?" in issuer or "#" in issuer:
         raise SettingsError("SVC_OIDC_ISSUER", "must not contain a query or fragment")

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from svcgate.host_patterns import is_loopback_host
 
 DEFAULT_IMAGE_DIR = "/var/lib/svcgate-images"
 KEY_PREFIX = "ed25519:"
@@ -59,15 +60,6 @@ class RegistrySettings:
     install_at_start: tuple[str, ...] = ()
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_location(variable: str, url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme == "file":
@@ -76,7 +68,7 @@ def check_location(variable: str, url: str) -> str:
         return url
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise RegistryConfigError(variable, "must be an https://, file:// or loopback http:// URL")
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname):
         raise RegistryConfigError(variable, "http:// is allowed only for a loopback host")
     if parts.username or parts.password:
         raise RegistryConfigError(variable, "must not carry credentials")

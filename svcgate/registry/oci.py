@@ -83,6 +83,7 @@ from urllib.parse import urlsplit
 import httpx2
 import trio
 
+from svcgate.host_patterns import is_loopback_host
 from svcgate.strict_json import StrictJSONError, loads_strict
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -179,17 +180,6 @@ def _split_host(registry: str) -> str:
     if registry.startswith("["):
         return registry[1 : registry.index("]")]
     return registry.partition(":")[0]
-
-
-def is_loopback(host: str) -> bool:
-    """``localhost``, ``127.0.0.0/8`` or ``::1`` (brackets allowed)."""
-    bare = host.strip("[]").lower()
-    if bare == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(bare).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_image_ref(text: str) -> ImageRef:
@@ -531,7 +521,7 @@ class OCIClient:
         """Fetch and verify ``ref``'s manifest, config and layers into ``blob_dir``."""
         host = _split_host(ref.registry)
         api = DOCKER_HUB_API if ref.registry == DOCKER_HUB else ref.registry
-        scheme = "http" if is_loopback(host) else "https"
+        scheme = "http" if is_loopback_host(host) else "https"
         base = f"{scheme}://{api}"
         pull = _Pull(ref, base, _origin(httpx2.URL(base)))
         manifest_digest, manifest = await self._resolve(pull)
@@ -880,7 +870,9 @@ class OCIClient:
             except httpx2.InvalidURL:
                 raise OCIError(f"bad redirect fetching {what} from {pull.where}") from None
             allowed = target.scheme == "https" or (
-                target.scheme == "http" and pull.origin[0] == "http" and is_loopback(target.host)
+                target.scheme == "http"
+                and pull.origin[0] == "http"
+                and is_loopback_host(target.host)
             )
             if not allowed:
                 raise OCIError(
@@ -945,7 +937,7 @@ class OCIClient:
         except httpx2.InvalidURL:
             raise self._refused(pull, 401, "the bearer challenge's realm is not a URL") from None
         realm_host = f"{url.scheme}://{url.host}" + (f":{url.port}" if url.port else "")
-        if not (url.scheme == "https" or (url.scheme == "http" and is_loopback(url.host))):
+        if not (url.scheme == "https" or (url.scheme == "http" and is_loopback_host(url.host))):
             raise self._refused(
                 pull, 401, f"token realm {_short(realm_host, 100)} is not https://; refusing it"
             )
