@@ -489,3 +489,32 @@ def test_install_api_refusals(env: Env) -> None:
     assert "no server named" in failed(env.install("nothing-here"))
     assert "configuration" in failed(env.install("echo"))
     assert env.uninstall("never-installed").status_code == 204
+
+
+async def test_an_install_while_a_profile_starts_restarts_it_instead_of_failing(
+    env: Env,
+) -> None:
+    image = env.push("svcgate/during", echo_image())
+    env.publish({"during": {"versions": {"1.0.0": release(image, env.manifest())}}})
+    env.dp.close_gate()
+    try:
+        profile = await trio.to_thread.run_sync(env.dp.create_profile, "reg-during", ["slow"])
+        tools: list[str] = []
+
+        async def first_request() -> None:
+            async with mcp_client(env.dp.endpoint(profile["slug"]), profile["token"]) as client:
+                tools.extend(t.name for t in (await client.list_tools()).tools)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_request)
+            await trio.to_thread.run_sync(
+                env.dp.wait_runtime, profile, lambda r: r["state"] == "starting"
+            )
+            # Installing invalidates runtimes that are starting (they may run any server):
+            # the waiting request must get a fresh start, not an error.
+            ok(await trio.to_thread.run_sync(env.install, "during"), 201)
+            env.dp.open_gate()
+        assert tools and all(name.startswith("slow_") for name in tools)
+    finally:
+        env.dp.open_gate()
+    assert env.uninstall("during").status_code == 204
