@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
+from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client, text_of
 from egress_support import sandbox_processes
 from gateway_support import api, login
 from upstream_support import Listener, Upstream, upstream_server
@@ -29,10 +29,6 @@ from svcgate.egress.redact import secret_forms
 pytestmark = pytest.mark.root
 
 SECRETS = {"bob": "bob-secret-5c1e7a09d3b2f4", "carol": "carol-secret-9a8b7c6d5e4f3a"}
-
-
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from data_plane_support import PYTHON, DataPlaneGateway, mcp_client
+from data_plane_support import PYTHON, DataPlaneGateway, mcp_client, text_of
 from gateway_support import api, free_port, login, start_gateway
 from mcp import Client
 from process_support import public_tmpdir
@@ -62,10 +62,6 @@ BLOCKED = "blocked.example.test"
 SECRETS = {"bob": "bob-sandbox-secret-6f1d2c3b4a", "carol": "carol-sandbox-secret-0e9d8c7b6a"}
 # Errors a direct connection out of a netns that holds only ``lo`` may give.
 NO_ROUTE = frozenset({"ENETUNREACH", "EHOSTUNREACH", "EPERM", "EACCES"})
-
-
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 def authority(ip: IPAddress, port: int) -> str:

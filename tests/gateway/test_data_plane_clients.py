@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
+from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client, text_of
 from node_support import (
     NODE_MISSING_REASON,
     NodeToolError,
@@ -56,10 +56,6 @@ def profiles(idp: DevIdP, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 def texts(result: dict[str, Any]) -> str:
     return "".join(c.get("text", "") for c in result["content"])
-
-
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 # -- the TypeScript SDK client ---------------------------------------------------------------

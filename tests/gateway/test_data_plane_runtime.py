@@ -19,7 +19,7 @@ from typing import Any
 import httpx2
 import pytest
 import trio
-from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client
+from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client, text_of
 from mcp.shared.exceptions import MCPError
 
 from devidp.provider import DevIdP
@@ -80,10 +80,6 @@ def raw_initialize(dp: DataPlaneGateway, slug: str, token: str) -> httpx2.Respon
             json=INIT,
             headers={"Authorization": f"Bearer {token}", "Accept": ACCEPT},
         )
-
-
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 async def test_cold_then_warm_then_reused(dp: DataPlaneGateway) -> None:

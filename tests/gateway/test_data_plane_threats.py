@@ -36,7 +36,7 @@ import httpx2
 import mcp_types as types
 import pytest
 import trio
-from data_plane_support import DataPlaneGateway, mcp_client, start_data_plane_gateway
+from data_plane_support import DataPlaneGateway, mcp_client, start_data_plane_gateway, text_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, rule, run_state_machine_as_test
@@ -109,10 +109,6 @@ def reply(response: httpx2.Response, request_id: Any) -> dict[str, Any]:
         if message.get("id") == request_id and ("result" in message or "error" in message):
             return message
     raise AssertionError(f"no reply to {request_id!r} in {response.text[:500]!r}")
-
-
-def text_of(result: Any) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 def open_session(client: httpx2.Client, url: str, token: str) -> str:
