@@ -118,7 +118,7 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                     configured.append(servers.LEGACY_SERVER)
                 await store.write(lambda conn: servers.ensure_server_rows(conn, configured))
                 images = await open_image_store(settings)
-                catalogue = InstalledCatalogue(images.root)
+                catalogue = InstalledCatalogue(images)
                 await load_catalogue(store, images, catalogue)
                 configured_servers = ConfiguredServers(settings, catalogue)
                 ca, own = prepare_egress(settings)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox import ResourceLimits, SandboxSpec
+from sandbox.images import ImageStore
 from svcgate.legacy_spec import SANDBOX_ENV
 from svcgate.registry.index import RESERVED_ENV, Manifest, parse_manifest
 from svcgate.supervisor import SandboxKey, SandboxOwner
@@ -152,8 +153,8 @@ def referenced_digests(conn: sqlite3.Connection) -> set[str]:
 class InstalledCatalogue:
     """The daemon's view of installed servers (replaced wholesale, never mutated in place)."""
 
-    def __init__(self, image_root: Path) -> None:
-        self.image_root = image_root
+    def __init__(self, images: ImageStore) -> None:
+        self.images = images
         self.servers: Mapping[str, InstalledServer] = {}
 
     def replace(self, servers: Mapping[str, InstalledServer]) -> None:
@@ -163,7 +164,7 @@ class InstalledCatalogue:
         return self.servers.get(name)
 
     def rootfs(self, server: InstalledServer) -> Path:
-        return self.image_root / "rootfs" / server.image_digest.removeprefix("sha256:")
+        return self.images.path(server.image_digest)
 
 
 def installed_server_spec(

@@ -444,16 +444,22 @@ class Installer:
 
     async def _collect(self, *, strict: bool = False) -> None:
         """Remove image content no installed server references."""
-        keep = await self._store.read(referenced_digests)
-        try:
-            removed = await trio.to_thread.run_sync(self._images.gc, keep)
-        except (OSError, ImageError) as exc:
-            if strict:
-                raise
-            log.warning("image garbage collection failed: %s", exc)
-            return
-        for digest in removed:
-            log.info("image %s removed (no installed server uses it)", digest)
+        await collect_images(
+            self._images, await self._store.read(referenced_digests), strict=strict
+        )
+
+
+async def collect_images(images: ImageStore, keep: set[str], *, strict: bool = False) -> None:
+    """Delete every stored image not in ``keep``; failures raise only when ``strict``."""
+    try:
+        removed = await trio.to_thread.run_sync(images.gc, keep)
+    except (OSError, ImageError) as exc:
+        if strict:
+            raise
+        log.warning("image garbage collection failed: %s", exc)
+        return
+    for digest in removed:
+        log.info("image %s removed (no installed server uses it)", digest)
 
 
 def remove_server(conn: sqlite3.Connection, *, name: str, actor: int) -> bool:
@@ -492,11 +498,4 @@ async def load_catalogue(store: Store, images: ImageStore, catalogue: InstalledC
                 server.image_digest,
                 images.root,
             )
-    keep = {server.image_digest for server in installed.values()}
-    try:
-        removed = await trio.to_thread.run_sync(images.gc, keep)
-    except (OSError, ImageError) as exc:
-        log.warning("image garbage collection failed: %s", exc)
-        return
-    if removed:
-        log.info("removed %d unused image(s) from %s", len(removed), images.root)
+    await collect_images(images, {server.image_digest for server in installed.values()})

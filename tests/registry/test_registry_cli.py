@@ -139,7 +139,7 @@ async def test_the_index_is_fetched_over_http_and_checked(
                     RegistrySettings(index_url, index_url + ".sig", (public,)),
                     store=store,
                     images=images,
-                    catalogue=InstalledCatalogue(images.root),
+                    catalogue=InstalledCatalogue(images),
                     configured=lambda name: False,
                     runtimes=NoRuntimes(),  # type: ignore[arg-type]
                     http=http,
