@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   start the gateway with a local identity provider and demo users
+#   make demo   start the gateway and its dashboard with a local identity provider and demo users
 #   make test   run every check (lint, types, tests)
 # Both create the virtual environment (.venv) and install what is needed on first use.
 
@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint system-packages node-deps clean
+.PHONY: demo test lint system-packages node-deps web-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,10 @@ system-packages:
 node-deps:
 	@scripts/node-deps
 
-demo: $(VENV)/.installed system-packages
+web-deps:
+	@scripts/web-deps
+
+demo: $(VENV)/.installed system-packages web-deps
 	$(VENV)/bin/svcgate demo
 
 lint: $(VENV)/.installed
@@ -29,7 +32,8 @@ lint: $(VENV)/.installed
 
 test: $(VENV)/.installed system-packages node-deps
 	scripts/lint
+	scripts/web-check
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) svcgate-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) svcgate-data .pytest_cache .mypy_cache .ruff_cache web/.next web/e2e-artifacts

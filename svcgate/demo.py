@@ -18,18 +18,30 @@ accepts it. When ``docker-registry`` is missing, or the sample registry does not
 within :data:`REGISTRY_START_TIMEOUT`, a warning is printed and the demo runs without it;
 when ``SVC_REGISTRY_INDEX`` is already set, the operator's registry is used instead.
 
-Resource handling: both helper programs are child processes, terminated (then killed after
-10 s) when the gateway stops or fails to start.
+With a source checkout (``web/`` beside the package, its npm packages installed by
+``scripts/web-deps``, which ``make demo`` runs), the demo also builds the dashboard for this
+gateway's address (``SVC_GATEWAY_URL``; rebuilt only when the address or a source changed)
+and serves it with ``next start`` on ``localhost:3000`` (``SVC_DEMO_DASHBOARD_PORT``). The
+browser then signs in through the dashboard, so the OIDC redirect and the public origin are
+the dashboard's. ``SVC_DEMO_DASHBOARD=0`` (or no node, or a failed build, with a warning)
+runs the gateway alone, signed in to directly as before.
+
+Resource handling: the helper programs are child processes, terminated (then killed after
+10 s) when the gateway stops or fails to start; the dashboard runs in its own process group
+so that ``next start``'s workers stop with it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import queue
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -45,6 +57,21 @@ DEMO_USERS = (("alice", "alice", "admin"), ("bob", "bob", "user"), ("carol", "ca
 DEMO_IMAGE_DIR = "/var/lib/svcgate-demo-images"
 REGISTRY_BINARY = "/usr/bin/docker-registry"
 REGISTRY_START_TIMEOUT = 120.0
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+DASHBOARD_START_TIMEOUT = 60.0
+# What a dashboard build depends on: rebuilt when any of these is newer than the last build.
+_WEB_SOURCES = (
+    "app",
+    "components",
+    "lib",
+    "i18n",
+    "messages",
+    "public",
+    "next.config.ts",
+    "package-lock.json",
+    "tsconfig.json",
+    "postcss.config.mjs",
+)
 
 
 def _stage_echo_server(env: dict[str, str]) -> Path:
@@ -147,15 +174,94 @@ def _read_registry(proc: subprocess.Popen[str]) -> DemoRegistry | None:
     return DemoRegistry(found["index"], found["key"], servers)
 
 
-def _stop(proc: subprocess.Popen[str] | None) -> None:
+def _stop(proc: subprocess.Popen[str] | None, *, group: bool = False) -> None:
     if proc is None:
         return
-    proc.terminate()
+    if group:  # our child leads its own group (start_new_session): its workers stop too
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.terminate()
     try:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        if group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
         proc.wait()
+
+
+def _dashboard_warn(message: str) -> None:
+    print(f"svcgate: {message}; the demo runs without the dashboard", file=sys.stderr)
+
+
+def _newest_source() -> float:
+    newest = 0.0
+    for name in _WEB_SOURCES:
+        top = WEB_DIR / name
+        paths = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
+        for path in paths:
+            newest = max(newest, path.stat().st_mtime)
+    return newest
+
+
+def _build_dashboard(next_bin: Path, gateway_url: str) -> bool:
+    """``next build`` for ``gateway_url`` unless the last build was for it and is current."""
+    stamp = WEB_DIR / ".next" / "svcgate-gateway-url"
+    if (
+        stamp.is_file()
+        and stamp.read_text() == gateway_url
+        and stamp.stat().st_mtime >= _newest_source()
+    ):
+        return True
+    print("svcgate: building the dashboard for this gateway (about a minute)...", flush=True)
+    env = {**os.environ, "SVC_GATEWAY_URL": gateway_url, "NEXT_TELEMETRY_DISABLED": "1"}
+    result = subprocess.run(
+        [str(next_bin), "build"], cwd=WEB_DIR, env=env, stdout=sys.stderr, check=False
+    )
+    if result.returncode != 0:
+        _dashboard_warn(f"the dashboard build failed (exit {result.returncode})")
+        return False
+    stamp.write_text(gateway_url)
+    return True
+
+
+def _start_dashboard(*, gateway_port: int, port: int) -> subprocess.Popen[str] | None:
+    """Build (when needed) and start the dashboard; None (and a warning) when it cannot."""
+    if os.environ.get("SVC_DEMO_DASHBOARD", "1") == "0":
+        return None
+    next_bin = WEB_DIR / "node_modules" / ".bin" / "next"
+    if not (WEB_DIR / "package.json").is_file():
+        _dashboard_warn("web/ is not here (not a source checkout)")
+        return None
+    if shutil.which("node") is None or not next_bin.exists():
+        _dashboard_warn("node or web/node_modules is missing (scripts/web-deps installs them)")
+        return None
+    if not _build_dashboard(next_bin, f"http://127.0.0.1:{gateway_port}"):
+        return None
+    env = {**os.environ, "NEXT_TELEMETRY_DISABLED": "1"}
+    proc = subprocess.Popen(
+        [str(next_bin), "start", "-p", str(port), "-H", "127.0.0.1"],
+        cwd=WEB_DIR,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=sys.stderr,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + DASHBOARD_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _dashboard_warn(f"the dashboard exited with status {proc.returncode}")
+            return None
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return proc
+        time.sleep(0.2)
+    _stop(proc, group=True)
+    _dashboard_warn(f"the dashboard did not start within {DASHBOARD_START_TIMEOUT:.0f}s")
+    return None
 
 
 def run_demo(*, port: int, data_dir: str) -> int:
@@ -173,24 +279,44 @@ def run_demo(*, port: int, data_dir: str) -> int:
 
     registry_proc: subprocess.Popen[str] | None = None
     idp: subprocess.Popen[str] | None = None
+    dashboard: subprocess.Popen[str] | None = None
     try:
         if not os.environ.get("SVC_REGISTRY_INDEX", "").strip():
             registry_proc = _spawn_registry(data / "demo-registry")
         idp, issuer = _start_idp()
+        dashboard_port = int(os.environ.get("SVC_DEMO_DASHBOARD_PORT", "3000"))
+        dashboard = _start_dashboard(gateway_port=port, port=dashboard_port)
         registry = _read_registry(registry_proc) if registry_proc is not None else None
         if registry is None:
             _stop(registry_proc)
             registry_proc = None
-        return _serve(port=port, data=data, bearer=bearer, issuer=issuer, registry=registry)
+        return _serve(
+            port=port,
+            data=data,
+            bearer=bearer,
+            issuer=issuer,
+            registry=registry,
+            dashboard_port=dashboard_port if dashboard is not None else None,
+        )
     finally:
+        _stop(dashboard, group=True)
         _stop(idp)
         _stop(registry_proc)
 
 
 def _serve(
-    *, port: int, data: Path, bearer: str, issuer: str, registry: DemoRegistry | None
+    *,
+    port: int,
+    data: Path,
+    bearer: str,
+    issuer: str,
+    registry: DemoRegistry | None,
+    dashboard_port: int | None = None,
 ) -> int:
-    origin = f"http://localhost:{port}"
+    gateway_origin = f"http://localhost:{port}"
+    # With the dashboard, the browser only ever sees the dashboard's origin.
+    origin = f"http://localhost:{dashboard_port}" if dashboard_port else gateway_origin
+    sign_in = f"{origin}/login" if dashboard_port else f"{origin}/api/auth/login?next=/api/me"
     env = {
         **os.environ,
         "SVC_LISTEN": f"127.0.0.1:{port}",
@@ -231,10 +357,11 @@ def _serve(
                 [
                     "",
                     "svcgate demo is running.",
-                    f"  Sign in:        {origin}/api/auth/login?next=/api/me",
+                    *([f"  Dashboard:      {origin}"] if dashboard_port else []),
+                    f"  Sign in:        {sign_in}",
                     f"  Demo users:     {users} (username/password)",
                     f"  Identity prov.: {issuer} (local, for the demo only)",
-                    f"  Legacy MCP:     {origin}/mcp  (Authorization: Bearer {bearer})",
+                    f"  Legacy MCP:     {gateway_origin}/mcp  (Authorization: Bearer {bearer})",
                     registry_line,
                     f"  Data directory: {data}",
                     "  Stop with Ctrl-C.",

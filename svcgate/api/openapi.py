@@ -312,3 +312,26 @@ def build_document(app: Quart) -> dict[str, Any]:
             },
         },
     }
+
+
+def offline_document() -> dict[str, Any]:
+    """The document without a running gateway (the route table needs no services)."""
+    from typing import cast
+
+    from svcgate.api.app import create_api_app
+    from svcgate.api.context import Services
+
+    return build_document(create_api_app(cast(Services, object())))
+
+
+def snapshot_text() -> str:
+    """The document as the dashboard's committed snapshot (``web/openapi.json``) spells it."""
+    import json
+
+    return json.dumps(offline_document(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # python -m svcgate.api.openapi > web/openapi.json
+    import sys
+
+    sys.stdout.write(snapshot_text())

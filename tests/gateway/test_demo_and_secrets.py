@@ -74,7 +74,8 @@ class McpOverHttp:
 def test_demo_starts_with_a_local_identity_provider_and_demo_users(tmp_path: Path) -> None:
     port = free_port()
     images = public_tmpdir("demo-images")
-    env = {**os.environ, "SVC_IMAGE_DIR": str(images / "store")}
+    # The dashboard is tested on its own (tests/web); a demo here must not build it.
+    env = {**os.environ, "SVC_IMAGE_DIR": str(images / "store"), "SVC_DEMO_DASHBOARD": "0"}
     for name in ("SVC_REGISTRY_INDEX", "SVC_REGISTRY_KEYS", "SVC_REGISTRY_INSTALL"):
         env.pop(name, None)
     data_dir = tmp_path / "data"

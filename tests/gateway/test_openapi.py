@@ -86,3 +86,18 @@ def test_api_conforms_to_its_document(gateway: Gateway) -> None:
         with api(gateway, session) as client:
             assert client.get("/api/me").status_code == 200
     assert exercised >= 15
+
+
+def test_the_dashboard_snapshot_is_the_live_document() -> None:
+    """web/openapi.json is what web/lib/api/schema.ts is generated from (checked by
+    ``npm run api:check``); it must equal the gateway's own document, so a change to the API
+    fails here until the snapshot and the dashboard's types are regenerated."""
+    from pathlib import Path
+
+    from svcgate.api.openapi import snapshot_text
+
+    snapshot = Path(__file__).resolve().parents[2] / "web" / "openapi.json"
+    assert snapshot.read_text() == snapshot_text(), (
+        "web/openapi.json is stale: run `.venv/bin/python -m svcgate.api.openapi > "
+        "web/openapi.json` and `cd web && npm run api:types`"
+    )
