@@ -11,13 +11,24 @@ The gateway's address is fixed at build time (``SVC_GATEWAY_URL``), so a free po
 first, the dashboard is built for it, and the gateway is started on it; phase 2 restarts the
 gateway on the same port without OIDC.
 
+The servers file adds ``netprobe`` (``tests/fixtures/netprobe_server.py``, the in-sandbox network
+probe of tests/egress) with the egress list ``EGRESS_ALLOWED`` only; that name is mapped
+(``SVC_EGRESS_HOSTS``, loopback carved out) to a small loopback upstream of this module, so
+the egress proxy allows it, and any other host is ``deny_host``.
+
 1. ``test_sse_streams_through_the_dashboard``: an MCP tools/call whose SSE response carries
    a server-to-client request (sampling) before its result; the call cannot finish until
    the client answers that request, so reading it proves the rewrite streams. A buffering
    hop makes this test fail (checked with a buffering proxy in front of port 3000).
    ``test_dashboard_does_not_compress`` checks ``compress: false`` itself: the SDK's streams
    carry ``Cache-Control: no-transform``, which Next's gzip already leaves alone.
-2. ``test_playwright_oidc``: ``playwright test`` phase ``oidc`` (web/e2e/oidc).
+   ``test_real_egress_decisions_reach_the_audit``: bob's ``egress-alarm`` profile (netprobe
+   only) sends, from the sandbox, a request to a host not in its egress list and one to
+   ``EGRESS_ALLOWED``; the proxy answers ``deny_host`` and ``allow``, and both decisions
+   reach ``GET /api/audit`` as bob (written in batches: polled).
+2. ``test_playwright_oidc``: ``playwright test`` phase ``oidc`` (web/e2e/oidc); the same
+   profile (``E2E_EGRESS_*``) lets ``05-egress-alarm.spec.ts`` provoke fresh decisions and
+   check that the denial is alarming on the Overview and the audit log.
 3. ``test_playwright_control_plane_disabled``: phase ``disabled`` (web/e2e/disabled).
 
 Screenshots land in web/e2e-artifacts/screenshots (gitignored). Run::
@@ -32,6 +43,7 @@ Without /usr/bin/chromium or web/node_modules the module is skipped, except unde
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -45,12 +57,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
-from data_plane_support import ECHO, stage_servers
+from data_plane_support import ECHO, PYTHON, stage_servers
 from gateway_support import Gateway, api, free_port, login, start_gateway
 from image_support import echo_image
 from process_support import public_tmpdir
@@ -84,6 +97,12 @@ SAMPLING = "sampling/createMessage"
 # Servers of the servers file the specs rely on (see data_plane_support.stage_servers).
 BUNDLE = ("echo", "probe")
 LISTED = ("echo", "probe", "probe2", "slow")
+# The egress probe: its sandbox may reach EGRESS_ALLOWED (a loopback upstream) and nothing else.
+NETPROBE = ROOT / "tests" / "fixtures" / "netprobe_server.py"
+EGRESS_SERVER, EGRESS_PROFILE = "netprobe", "egress-alarm"
+EGRESS_ALLOWED, EGRESS_DENIED = "api.example.test", "blocked.example.test"
+EGRESS_DENY = "deny_host"
+EGRESS_AUDIT_TIMEOUT = 15.0
 
 
 def _missing_toolchain() -> list[str]:
@@ -244,6 +263,47 @@ class Stack:
         assert response.json()["error"]["code"] == "control_plane_disabled", response.text
 
 
+def _stage_netprobe(stage: Path) -> dict[str, Any]:
+    """The ``netprobe`` entry of the servers file (staged readable by the sandbox's uid)."""
+    shutil.copy(NETPROBE, stage / "netprobe_server.py")
+    (stage / "netprobe_server.py").chmod(0o644)
+    dest = f"/opt/server/{EGRESS_SERVER}/netprobe_server.py"
+    return {
+        "command": [PYTHON, dest],
+        "binds": [{"source": str(stage / "netprobe_server.py"), "dest": dest}],
+        "egress": [EGRESS_ALLOWED],
+    }
+
+
+@contextlib.contextmanager
+def _loopback_upstream() -> Iterator[int]:
+    """An HTTP server on 127.0.0.1 answering 200 ``ok`` to every GET; yields its port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = b"ok\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=15)
+
+
 @pytest.fixture(scope="module")
 def gateway_port() -> int:
     port = free_port()
@@ -314,13 +374,20 @@ def stack(
         cleanup.callback(shutil.rmtree, stage, ignore_errors=True)
         sandboxes = public_tmpdir("web-sb")
         cleanup.callback(shutil.rmtree, sandboxes, ignore_errors=True)
+        servers = stage_servers(stage)
+        servers["servers"][EGRESS_SERVER] = _stage_netprobe(stage)
         servers_file = stage / "servers.json"
-        servers_file.write_text(json.dumps(stage_servers(stage)))
+        servers_file.write_text(json.dumps(servers))
         (stage / "gate" / "open").write_text("")  # the "slow" server starts at once
+        # Outlives both gateways (closed after them: the exit stack unwinds in reverse).
+        upstream_port = cleanup.enter_context(_loopback_upstream())
         base_env = {
             "SVC_ECHO_BIN": str(stage / "echo_server.py"),
             "SVC_SERVERS_FILE": str(servers_file),
             "SVC_SANDBOX_DIR": str(sandboxes / "state"),
+            # EGRESS_ALLOWED is the loopback upstream: map it, and carve that address out.
+            "SVC_EGRESS_HOSTS": f"{EGRESS_ALLOWED}=127.0.0.1:{upstream_port}",
+            "SVC_EGRESS_ALLOW_CIDRS": "127.0.0.1/32",
             **registry,
         }
         oidc_env = {
@@ -363,8 +430,11 @@ def stack(
         yield stack
 
 
-def run_playwright(stack: Stack, phase: str) -> None:
-    """``playwright test`` for ``phase``; fails the test with its output unless it exits 0."""
+def run_playwright(stack: Stack, phase: str, **extra: str) -> None:
+    """``playwright test`` for ``phase``; fails the test with its output unless it exits 0.
+
+    ``extra``: more E2E_* variables for the specs.
+    """
     user = next(u for u in DEFAULT_USERS if u.username == USER)
     env = _node_env(
         E2E_PHASE=phase,
@@ -379,6 +449,7 @@ def run_playwright(stack: Stack, phase: str) -> None:
         E2E_CREDENTIAL_SERVER="probe",
         E2E_INSTALL_REF=f"{INSTALL_NAME}@{INSTALL_VERSION}",
         E2E_SCREENSHOTS=str(SCREENSHOTS),
+        **extra,
     )
     if os.environ.get("CI"):
         env["CI"] = os.environ["CI"]
@@ -540,11 +611,151 @@ def test_dashboard_does_not_compress(stack: Stack) -> None:
     assert "content-encoding" not in proxied.headers, proxied.headers
 
 
+# -- real egress decisions ---------------------------------------------------------------------
+
+
+@dataclass
+class EgressProfile:
+    """Bob's profile holding only the netprobe server."""
+
+    slug: str
+    token: str
+
+
+@pytest.fixture(scope="module")
+def egress_profile(stack: Stack) -> EgressProfile:
+    with api(stack.gateway, stack.user_session) as client:
+        body = {"name": "Egress alarm", "slug": EGRESS_PROFILE}
+        created = client.post("/api/profiles", json=body)
+        assert created.status_code == 201, created.text
+        profile = created.json()
+        put = client.put(
+            f"/api/profiles/{profile['id']}/servers", json={"servers": [EGRESS_SERVER]}
+        )
+        assert put.status_code == 200, put.text
+    return EgressProfile(slug=EGRESS_PROFILE, token=profile["token"])
+
+
+def _rpc(
+    client: httpx2.Client, url: str, headers: dict[str, str], message: dict[str, Any]
+) -> dict[str, Any]:
+    response = client.post(url, json=message, headers=headers)
+    assert response.status_code == 200, response.text
+    reply = next((m for m in _messages(response) if m.get("id") == message["id"]), None)
+    assert reply is not None and "error" not in reply, response.text
+    result: dict[str, Any] = reply["result"]
+    return result
+
+
+@dataclass
+class ProxyReply:
+    status: int
+    decision: str  # X-Svcgate-Egress: set on the proxy's own refusals, not on forwarded replies
+    body: bytes
+
+
+def _proxy_get(
+    client: httpx2.Client, url: str, headers: dict[str, str], host: str, rpc_id: int
+) -> ProxyReply:
+    """From the sandbox (netprobe's ``raw_proxy``), a plain GET for http://``host``/ sent to
+    the egress proxy; the proxy's answer."""
+    raw = f"GET http://{host}/ HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    result = _rpc(
+        client,
+        url,
+        headers,
+        {
+            "jsonrpc": "2.0",
+            "id": rpc_id,
+            "method": "tools/call",
+            "params": {
+                "name": f"{EGRESS_SERVER}_raw_proxy",
+                "arguments": {"data_b64": base64.b64encode(raw.encode()).decode(), "timeout": 10},
+            },
+        },
+    )
+    text = "".join(part.get("text", "") for part in result["content"])
+    assert not result.get("isError"), text
+    answer = json.loads(text)
+    assert answer["ok"], answer
+    head, _, body = base64.b64decode(answer["response_b64"]).partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    fields = {
+        name.strip().lower(): value.strip()
+        for name, sep, value in (line.partition(":") for line in lines)
+        if sep
+    }
+    status = status_line.split(" ")[1:2]
+    assert status and status[0].isdigit(), head
+    return ProxyReply(int(status[0]), fields.get("x-svcgate-egress", ""), body)
+
+
+def _egress_events(stack: Stack, after: int) -> list[dict[str, Any]]:
+    """Bob's egress events newer than ``after`` (his own view of the audit log)."""
+    with api(stack.gateway, stack.user_session) as client:
+        response = client.get("/api/audit", params={"limit": 100})
+        assert response.status_code == 200, response.text
+        events: list[dict[str, Any]] = response.json()["events"]
+    return [e for e in events if e["id"] > after and e["kind"] == "egress"]
+
+
+def test_real_egress_decisions_reach_the_audit(stack: Stack, egress_profile: EgressProfile) -> None:
+    with api(stack.gateway, stack.user_session) as client:
+        latest = client.get("/api/audit", params={"limit": 1})
+        assert latest.status_code == 200, latest.text
+        start = max((e["id"] for e in latest.json()["events"]), default=0)
+    url = f"{DASHBOARD}/mcp/p/{egress_profile.slug}"
+    token = egress_profile.token
+    with httpx2.Client(timeout=60.0) as client:
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": PROTOCOL,
+                "capabilities": {},
+                "clientInfo": {"name": "egress-probe", "version": "1"},
+            },
+        }
+        response = client.post(url, json=init, headers=_mcp_headers(token))
+        assert response.status_code == 200, response.text
+        headers = _mcp_headers(token, response.headers["mcp-session-id"])
+        done = client.post(
+            url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+        )
+        assert done.status_code == 202, done.text
+        denied = _proxy_get(client, url, headers, EGRESS_DENIED, 3)
+        assert (denied.status, denied.decision) == (403, EGRESS_DENY), denied
+        allowed = _proxy_get(client, url, headers, EGRESS_ALLOWED, 4)
+        assert (allowed.status, allowed.body) == (200, b"ok\n"), allowed  # the upstream's
+        client.delete(url, headers=headers)
+    # The egress audit sink writes in batches: poll, bounded.
+    expected = {(EGRESS_DENIED, EGRESS_DENY), (EGRESS_ALLOWED, "allow")}
+    deadline = time.monotonic() + EGRESS_AUDIT_TIMEOUT
+    while True:
+        events = [e for e in _egress_events(stack, start) if e["server"] == EGRESS_SERVER]
+        seen = {(e["host"], e["decision"]) for e in events}
+        if expected <= seen:
+            break
+        assert time.monotonic() < deadline, f"egress events missing: {expected - seen}; {events}"
+        time.sleep(0.1)
+    assert all(e["user_id"] and e["profile_id"] for e in events), events
+
+
 # -- the browser -------------------------------------------------------------------------------
 
 
-def test_playwright_oidc(stack: Stack) -> None:
-    run_playwright(stack, "oidc")
+def test_playwright_oidc(stack: Stack, egress_profile: EgressProfile) -> None:
+    run_playwright(
+        stack,
+        "oidc",
+        E2E_EGRESS_PROFILE=egress_profile.slug,
+        E2E_EGRESS_TOKEN=egress_profile.token,
+        E2E_EGRESS_SERVER=EGRESS_SERVER,
+        E2E_EGRESS_ALLOWED=EGRESS_ALLOWED,
+        E2E_EGRESS_DENIED=EGRESS_DENIED,
+        E2E_EGRESS_DECISION=EGRESS_DENY,
+    )
 
 
 def test_playwright_control_plane_disabled(stack: Stack) -> None:

@@ -61,7 +61,7 @@ export function AuditTable({
                 </td>
                 <td className="px-2 py-2">
                   <Badge tone={decisionTone(event)}>
-                    {alarm ? <span aria-hidden="true">⚠ </span> : null}
+                    {alarm ? <span aria-hidden="true" className="mr-1">⚠</span> : null}
                     {event.decision}
                   </Badge>
                 </td>

@@ -37,6 +37,19 @@ export const E2E = {
   credentialServer: process.env.E2E_CREDENTIAL_SERVER ?? "probe",
   screenshots:
     process.env.E2E_SCREENSHOTS ?? path.resolve(import.meta.dirname, "..", "e2e-artifacts", "screenshots"),
+  /**
+   * A profile of E2E_USER holding only the in-sandbox network probe (tests/fixtures/
+   * netprobe_server.py), whose egress list allows `allowed` and not `denied` (a request
+   * there is refused with `decision`). No token: the egress checks are skipped.
+   */
+  egress: {
+    profile: process.env.E2E_EGRESS_PROFILE ?? "egress-alarm",
+    token: process.env.E2E_EGRESS_TOKEN ?? "",
+    server: process.env.E2E_EGRESS_SERVER ?? "netprobe",
+    allowed: process.env.E2E_EGRESS_ALLOWED ?? "api.example.test",
+    denied: process.env.E2E_EGRESS_DENIED ?? "blocked.example.test",
+    decision: process.env.E2E_EGRESS_DECISION ?? "deny_host",
+  },
 };
 
 export type Theme = "light" | "dark";

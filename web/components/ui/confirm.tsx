@@ -6,6 +6,8 @@ import type { ReactNode } from "react";
 
 import { cn } from "@/lib/cn";
 
+import { useReturnFocus } from "./return-focus";
+
 /** A confirmation for destructive actions (Radix AlertDialog: focus starts on Cancel). */
 export function ConfirmDialog({
   open,
@@ -25,11 +27,13 @@ export function ConfirmDialog({
   busy?: boolean;
 }) {
   const t = useTranslations("common");
+  const returnFocus = useReturnFocus();
   return (
     <A.Root open={open} onOpenChange={onOpenChange}>
       <A.Portal>
         <A.Overlay className="fixed inset-0 z-40 bg-black/50" />
         <A.Content
+          {...returnFocus}
           className={cn(
             "fixed left-1/2 top-1/2 z-50 w-[calc(100vw-2rem)] max-w-md -translate-x-1/2 -translate-y-1/2",
             "rounded-lg border bg-card p-5 text-foreground shadow-lg focus:outline-none",

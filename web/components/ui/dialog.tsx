@@ -5,6 +5,8 @@ import type { ReactNode } from "react";
 
 import { cn } from "@/lib/cn";
 
+import { useReturnFocus } from "./return-focus";
+
 /**
  * A modal dialog on Radix (focus trap, Escape to close, focus returned to the trigger),
  * styled after shadcn/ui. `open`/`onOpenChange` are controlled by the caller.
@@ -26,11 +28,13 @@ export function Dialog({
   footer?: ReactNode;
   className?: string;
 }) {
+  const returnFocus = useReturnFocus();
   return (
     <D.Root open={open} onOpenChange={onOpenChange}>
       <D.Portal>
         <D.Overlay className="fixed inset-0 z-40 bg-black/50" />
         <D.Content
+          {...returnFocus}
           className={cn(
             "fixed left-1/2 top-1/2 z-50 w-[calc(100vw-2rem)] max-w-lg -translate-x-1/2 -translate-y-1/2",
             "rounded-lg border bg-card p-5 text-foreground shadow-lg focus:outline-none",
