@@ -17,7 +17,7 @@ export function decisionTone(event: Pick<AuditEvent, "kind" | "decision">): Badg
 }
 
 export function kindTone(kind: AuditKind): BadgeTone {
-  return kind === "egress" ? "info" : kind === "auth" ? "neutral" : "neutral";
+  return kind === "egress" ? "info" : "neutral";
 }
 
 /** Client-side kind filter (the API has none): an empty selection shows everything. */

@@ -5,6 +5,7 @@ import { useId, useState, type FormEvent } from "react";
 
 import { useSession } from "@/components/session";
 import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { Field, Input } from "@/components/ui/input";
 import { InlineError } from "@/components/ui/states";
@@ -204,14 +205,13 @@ export function CredentialForm({
         </fieldset>
         <InlineError error={formError} />
         <div className="flex flex-wrap gap-2">
-          <Button
+          <MutationButton
             type="submit"
             data-testid="save-credential"
-            disabled={readOnly || busy}
-            title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
+            disabled={busy}
           >
             {busy ? tc("saving") : t("form.submit")}
-          </Button>
+          </MutationButton>
           {editing ? (
             <Button variant="ghost" onClick={onCancel} data-testid="cancel-edit">
               {tc("cancel")}

@@ -2,9 +2,8 @@
 
 import { useFormatter, useTranslations } from "next-intl";
 
-import { useSession } from "@/components/session";
 import { Badge } from "@/components/ui/badge";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import type { CredentialMetadata } from "@/lib/api/types";
 
 function Value({ value, fallback }: { value: string | null | undefined; fallback: string }) {
@@ -27,7 +26,6 @@ export function CredentialList({
   const t = useTranslations("credentials.list");
   const tc = useTranslations("common");
   const format = useFormatter();
-  const { readOnly } = useSession();
   return (
     <ul aria-label={t("title")} data-testid="credential-list" className="flex flex-col divide-y">
       {credentials.map((credential) => {
@@ -42,28 +40,24 @@ export function CredentialList({
                 ) : null}
               </div>
               <div className="flex gap-2">
-                <Button
+                <MutationButton
                   variant="secondary"
                   size="sm"
                   data-testid="edit-credential"
                   onClick={() => onEdit(credential)}
-                  disabled={readOnly}
-                  title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
                   aria-label={t("editLabel", { server: credential.server })}
                 >
                   {t("edit")}
-                </Button>
-                <Button
+                </MutationButton>
+                <MutationButton
                   variant="danger"
                   size="sm"
                   data-testid="delete-credential"
                   onClick={() => onDelete(credential.server)}
-                  disabled={readOnly}
-                  title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
                   aria-label={t("deleteLabel", { server: credential.server })}
                 >
                   {tc("delete")}
-                </Button>
+                </MutationButton>
               </div>
             </div>
             <dl className="mt-2 grid grid-cols-1 gap-x-4 gap-y-1 text-sm sm:grid-cols-[max-content_1fr]">

@@ -5,7 +5,7 @@ import { useTranslations } from "next-intl";
 import { useId, useState } from "react";
 
 import { useSession } from "@/components/session";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { ListSkeleton } from "@/components/ui/skeleton";
 import { EmptyState, ErrorState, InlineError } from "@/components/ui/states";
@@ -125,14 +125,13 @@ export function BundleCard({ profile, onSaved }: { profile: Profile; onSaved: (p
         </p>
       ) : null}
       <div className="mt-4 flex flex-wrap items-center gap-3">
-        <Button
+        <MutationButton
           data-testid="save-bundle"
           onClick={save}
-          disabled={readOnly || busy || !changed}
-          title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
+          disabled={busy || !changed}
         >
           {busy ? tc("saving") : t("save")}
-        </Button>
+        </MutationButton>
         <span className="text-sm text-muted-foreground" aria-live="polite">
           {changed ? t("unsaved") : saved ? <span className="text-ok" data-testid="bundle-saved">{t("saved")}</span> : null}
         </span>

@@ -4,7 +4,7 @@ import { useTranslations } from "next-intl";
 import { useState, type FormEvent } from "react";
 
 import { useSession } from "@/components/session";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { Field, Input } from "@/components/ui/input";
 import { InlineError } from "@/components/ui/states";
@@ -18,7 +18,6 @@ import { slugFromName, validateProfileName, validateSlug } from "@/lib/validatio
  */
 export function CreateProfileForm({ onCreated }: { onCreated: (profile: Profile) => void }) {
   const t = useTranslations("profiles");
-  const tc = useTranslations("common");
   const { readOnly } = useSession();
   const [name, setName] = useState("");
   const [slug, setSlug] = useState("");
@@ -105,14 +104,13 @@ export function CreateProfileForm({ onCreated }: { onCreated: (profile: Profile)
         </div>
         <InlineError error={error} />
         <div>
-          <Button
+          <MutationButton
             type="submit"
             data-testid="create-profile"
-            disabled={busy || readOnly}
-            title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
+            disabled={busy}
           >
             {busy ? t("create.creating") : t("create.submit")}
-          </Button>
+          </MutationButton>
         </div>
       </form>
     </Card>

@@ -4,8 +4,7 @@ import { useRouter } from "next/navigation";
 import { useTranslations } from "next-intl";
 import { useState } from "react";
 
-import { useSession } from "@/components/session";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { ConfirmDialog } from "@/components/ui/confirm";
 import { InlineError } from "@/components/ui/states";
@@ -16,7 +15,6 @@ import type { Profile } from "@/lib/api/types";
 export function DeleteProfileCard({ profile }: { profile: Profile }) {
   const t = useTranslations("profiles.delete");
   const tc = useTranslations("common");
-  const { readOnly } = useSession();
   const router = useRouter();
   const [confirming, setConfirming] = useState(false);
   const [busy, setBusy] = useState(false);
@@ -40,15 +38,14 @@ export function DeleteProfileCard({ profile }: { profile: Profile }) {
     <Card data-testid="delete-card" className="border-danger">
       <CardHeader title={t("title")} description={t("description")} />
       <div className="flex flex-wrap items-center gap-3">
-        <Button
+        <MutationButton
           variant="danger"
           data-testid="delete-profile"
           onClick={() => setConfirming(true)}
-          disabled={readOnly || busy}
-          title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
+          disabled={busy}
         >
           {t("button")}
-        </Button>
+        </MutationButton>
         <InlineError error={error} />
       </div>
       <ConfirmDialog

@@ -4,7 +4,7 @@ import { useTranslations } from "next-intl";
 import { useState, type FormEvent } from "react";
 
 import { useSession } from "@/components/session";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { Field, Input } from "@/components/ui/input";
 import { InlineError } from "@/components/ui/states";
@@ -66,15 +66,14 @@ export function RenameCard({ profile, onRenamed }: { profile: Profile; onRenamed
             )}
           </Field>
         </div>
-        <Button
+        <MutationButton
           type="submit"
           data-testid="rename"
           className="sm:mt-6"
-          disabled={readOnly || busy || !changed || problem !== null}
-          title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
+          disabled={busy || !changed || problem !== null}
         >
           {busy ? tc("saving") : t("submit")}
-        </Button>
+        </MutationButton>
       </form>
       <div className="mt-2" aria-live="polite">
         {done ? (

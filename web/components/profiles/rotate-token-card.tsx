@@ -3,8 +3,7 @@
 import { useTranslations } from "next-intl";
 import { useState } from "react";
 
-import { useSession } from "@/components/session";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { ConfirmDialog } from "@/components/ui/confirm";
 import { InlineError } from "@/components/ui/states";
@@ -16,8 +15,6 @@ import { TokenDialog } from "./token-dialog";
 /** Confirm, rotate, then the new plaintext once; the profile handed on never carries it. */
 export function RotateTokenCard({ profile, onRotated }: { profile: Profile; onRotated: (profile: Profile) => void }) {
   const t = useTranslations("profiles.rotate");
-  const tc = useTranslations("common");
-  const { readOnly } = useSession();
   const [confirming, setConfirming] = useState(false);
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<unknown>(null);
@@ -42,15 +39,14 @@ export function RotateTokenCard({ profile, onRotated }: { profile: Profile; onRo
     <Card data-testid="rotate-card">
       <CardHeader title={t("title")} description={t("description")} />
       <div className="flex flex-wrap items-center gap-3">
-        <Button
+        <MutationButton
           variant="secondary"
           data-testid="rotate-token"
           onClick={() => setConfirming(true)}
-          disabled={readOnly || busy}
-          title={readOnly ? tc("viewAs.readOnlyHint") : undefined}
+          disabled={busy}
         >
           {t("button")}
-        </Button>
+        </MutationButton>
         <InlineError error={error} />
       </div>
       <ConfirmDialog

@@ -4,7 +4,7 @@ import { useTranslations } from "next-intl";
 import type { FormEvent } from "react";
 import { useId, useState } from "react";
 
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { Field, Input } from "@/components/ui/input";
 import { InlineError } from "@/components/ui/states";
@@ -94,15 +94,14 @@ export function InstallForm({ readOnly, onInstalled }: { readOnly: boolean; onIn
             )}
           </Field>
         </div>
-        <Button
+        <MutationButton
           type="submit"
           data-testid="install-submit"
           className="sm:mt-6"
-          disabled={readOnly || busy}
-          title={readOnlyTitle}
+          disabled={busy}
         >
           {busy ? t("installing") : t("submit")}
-        </Button>
+        </MutationButton>
       </form>
       <div aria-live="polite">
         {outcome.kind === "installed" ? (
@@ -125,17 +124,16 @@ export function InstallForm({ readOnly, onInstalled }: { readOnly: boolean; onIn
             <p className="mt-2 whitespace-pre-wrap break-words font-mono text-xs" data-testid="install-approval-message">
               {outcome.message}
             </p>
-            <Button
+            <MutationButton
               variant="danger"
               size="sm"
               className="mt-3"
               data-testid="install-approve"
-              disabled={readOnly || busy}
-              title={readOnlyTitle}
+              disabled={busy}
               onClick={() => void install(outcome.ref, true)}
             >
               {busy ? t("installing") : t("approve")}
-            </Button>
+            </MutationButton>
           </div>
         ) : null}
         {outcome.kind === "notConfigured" ? (

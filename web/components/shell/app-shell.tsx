@@ -9,6 +9,7 @@ import { useEffect, useState } from "react";
 import { SessionProvider, sessionFrom, type Session } from "@/components/session";
 import { Badge } from "@/components/ui/badge";
 import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { ListSkeleton } from "@/components/ui/skeleton";
 import { ErrorState, InlineError } from "@/components/ui/states";
 import { api, ApiError } from "@/lib/api/client";
@@ -102,15 +103,14 @@ function Frame({ session, children }: { session: Session; children: ReactNode })
               {t("signedInAs", { name: real.display_name || real.email })}
             </span>
             <Badge tone={real.role === "admin" ? "info" : "neutral"}>{t(`roles.${real.role}`)}</Badge>
-            <Button
+            <MutationButton
               variant="ghost"
               size="sm"
               onClick={signOut}
-              disabled={busy || session.readOnly}
-              title={session.readOnly ? t("viewAs.readOnlyHint") : undefined}
+              disabled={busy}
             >
               {t("signOut")}
-            </Button>
+            </MutationButton>
           </div>
         </div>
         <nav aria-label={t("nav.label")} className="mx-auto max-w-6xl overflow-x-auto px-2">

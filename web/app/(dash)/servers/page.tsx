@@ -5,7 +5,7 @@ import { useState } from "react";
 
 import { InstallForm } from "@/components/servers/install-form";
 import { useSession } from "@/components/session";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { ConfirmDialog } from "@/components/ui/confirm";
 import { PageHeader } from "@/components/ui/page-header";
@@ -28,7 +28,6 @@ export default function ServersPage() {
   const [target, setTarget] = useState<string | null>(null);
   const [busy, setBusy] = useState(false);
   const [removal, setRemoval] = useState<Removal>({ kind: "idle" });
-  const readOnlyTitle = readOnly ? common("viewAs.readOnlyHint") : undefined;
 
   async function uninstall() {
     if (target === null) return;
@@ -69,20 +68,19 @@ export default function ServersPage() {
           >
             <span className="min-w-0 break-all font-mono text-sm font-medium">{server.name}</span>
             {isAdmin ? (
-              <Button
+              <MutationButton
                 variant="secondary"
                 size="sm"
                 data-testid="uninstall"
                 aria-label={t("uninstall.buttonLabel", { name: server.name })}
-                disabled={readOnly || busy}
-                title={readOnlyTitle}
+                disabled={busy}
                 onClick={() => {
                   setRemoval({ kind: "idle" });
                   setTarget(server.name);
                 }}
               >
                 {t("uninstall.button")}
-              </Button>
+              </MutationButton>
             ) : null}
           </li>
         ))}

@@ -6,7 +6,7 @@ import { useState } from "react";
 
 import { useSession } from "@/components/session";
 import { Badge } from "@/components/ui/badge";
-import { Button } from "@/components/ui/button";
+import { MutationButton } from "@/components/ui/mutation-button";
 import { Card, CardHeader } from "@/components/ui/card";
 import { PageHeader } from "@/components/ui/page-header";
 import { ListSkeleton } from "@/components/ui/skeleton";
@@ -35,7 +35,7 @@ function UserList() {
   const common = useTranslations("common");
   const router = useRouter();
   const session = useSession();
-  const { me, readOnly } = session;
+  const { me } = session;
   const realId = (me.real_user ?? me.user).id;
   const users = useResource((signal) => api.users(signal));
   const [starting, setStarting] = useState<number | null>(null);
@@ -108,17 +108,16 @@ function UserList() {
                   </td>
                   <td className="whitespace-nowrap px-2 py-2 text-right">
                     {self ? null : (
-                      <Button
+                      <MutationButton
                         variant="secondary"
                         size="sm"
                         data-testid="view-as"
                         aria-label={t("viewAsLabel", { name })}
-                        disabled={readOnly || starting !== null}
-                        title={readOnly ? common("viewAs.readOnlyHint") : undefined}
+                        disabled={starting !== null}
                         onClick={() => void viewAs(user)}
                       >
                         {starting === user.id ? t("starting") : t("viewAs")}
-                      </Button>
+                      </MutationButton>
                     )}
                   </td>
                 </tr>
