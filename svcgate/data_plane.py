@@ -41,6 +41,7 @@ import logging
 import re
 import sqlite3
 from collections.abc import Iterable
+from typing import Any
 
 import pydantic_core
 import trio
@@ -146,15 +147,14 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
             return b"".join(chunks)
 
 
-def _json_problem(body: bytes) -> str | None:
-    """Why ``body`` is not strict JSON, or None. pydantic-core refuses invalid UTF-8, lone
-    surrogates, a byte-order mark and nesting deeper than its recursion limit; non-finite
-    numbers are refused here too."""
+def _parse_strict(body: bytes) -> tuple[Any, str | None]:
+    """``body`` parsed, or why it is not strict JSON. pydantic-core refuses invalid UTF-8,
+    lone surrogates, a byte-order mark and nesting deeper than its recursion limit;
+    non-finite numbers are refused here too."""
     try:
-        pydantic_core.from_json(body, allow_inf_nan=False, cache_strings=False)
+        return pydantic_core.from_json(body, allow_inf_nan=False, cache_strings=False), None
     except ValueError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -276,6 +276,7 @@ class DataPlane:
     async def _serve(
         self, target: RuntimeTarget, scope: Scope, receive: Receive, send: Send
     ) -> None:
+        message: Any = None
         if scope.get("method") == "POST":
             try:
                 body = await _read_body(scope, receive)
@@ -290,7 +291,7 @@ class DataPlane:
                 return
             if body is None:
                 return  # the client went away
-            problem = _json_problem(body)
+            message, problem = _parse_strict(body)
             if problem is not None:
                 await _send_jsonrpc_error(send, 400, PARSE_ERROR, f"Parse error: {problem}", [])
                 return
@@ -321,7 +322,7 @@ class DataPlane:
             await send(message)
 
         try:
-            await runtime.handle(scope, receive, tracking_send)
+            await runtime.handle(scope, receive, tracking_send, message)
         except RuntimeClosed:
             if not started:
                 await _unavailable(send, "the profile was reconfigured; reconnect")

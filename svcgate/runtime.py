@@ -42,6 +42,7 @@ all of that down and then stops its sandboxes under a shielded deadline.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import secrets
 import time
@@ -63,7 +64,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox import SandboxSpec
-from svcgate import audit
+from svcgate import audit, fastpath
 from svcgate import servers as server_catalogue
 from svcgate.asgi_io import Receive, Scope, Send
 from svcgate.downstream import Downstream, DownstreamError, DownstreamGone
@@ -94,6 +95,8 @@ LIST_TIMEOUT = 30.0
 TEARDOWN_DEADLINE = 15.0
 ANNOUNCE_DEADLINE = 1.0
 MAX_LISTENERS = 1024  # sessions per profile that get list_changed notifications
+_X_MCP_HEADER = '"x-mcp-header"'
+MAX_FAST_SESSIONS = 10_000  # handshake sessions remembered for the fast path (then SDK path)
 MAX_LIST_PAGES = 100
 INTERNAL_ERROR = types.INTERNAL_ERROR
 INVALID_PARAMS = types.INVALID_PARAMS
@@ -241,6 +244,23 @@ def _session_id(ctx: Ctx) -> str | None:
     return value if isinstance(value, str) else None
 
 
+MODERN_META_PREFIX = "io.modelcontextprotocol/"
+
+
+def legacy_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` without the 2026-07-28 envelope (``_meta`` keys under the reserved
+    ``io.modelcontextprotocol/`` prefix): downstreams speak the handshake era, and an SDK
+    server refuses a request that carries the envelope on such a connection."""
+    meta = params.get("_meta")
+    if not isinstance(meta, dict) or not any(k.startswith(MODERN_META_PREFIX) for k in meta):
+        return params
+    kept = {k: v for k, v in meta.items() if not k.startswith(MODERN_META_PREFIX)}
+    out = {k: v for k, v in params.items() if k != "_meta"}
+    if kept:
+        out["_meta"] = kept
+    return out
+
+
 def _progress_token(params: Mapping[str, Any] | None) -> str | int | None:
     meta = params.get("_meta") if params else None
     token = meta.get("progressToken") if isinstance(meta, dict) else None
@@ -300,6 +320,11 @@ class ProfileRuntime:
         self._resources: list[dict[str, Any]] = []
         self._templates: list[dict[str, Any]] = []
         self._resource_owner: dict[str, str] = {}
+        # The fast path (svcgate.fastpath): exposed tool -> (server, original name) for tools
+        # it may serve; handshake sessions that qualify; its calls in flight, by session.
+        self._fast_routes: dict[str, tuple[ServerRuntime, str]] = {}
+        self._fast_sessions: OrderedDict[str, None] = OrderedDict()
+        self._fast_inflight: dict[tuple[str, Any], trio.CancelScope] = {}
 
     # -- lifetime -------------------------------------------------------------------------
 
@@ -345,15 +370,153 @@ class ProfileRuntime:
             if deadline.cancelled_caught:
                 log.error("profile %s: sandboxes did not stop in time", self.target.slug)
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one HTTP request of the MCP streamable-HTTP transport."""
+    async def handle(self, scope: Scope, receive: Receive, send: Send, message: Any = None) -> None:
+        """Serve one HTTP request of the MCP streamable-HTTP transport; ``message`` is the
+        POST body, already parsed (and checked to be strict JSON) by the data plane."""
         if self.closed or self._http is None:
             raise RuntimeClosed
+        if message is not None:
+            request = fastpath.classify(
+                scope["headers"],
+                message,
+                fast_session=self._fast_session,
+                plain_tool=self._fast_routable,
+            )
+            if request is not None:
+                await self._relay(request, receive, send)
+                return
+            if isinstance(message, dict) and "id" not in message:
+                if message.get("method") == "notifications/cancelled" and self._cancel_fast(
+                    scope, message
+                ):
+                    await send({"type": "http.response.start", "status": 202, "headers": []})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+            elif isinstance(message, dict) and message.get("method") == "initialize":
+                send = self._noting_session(message, send)
         try:
             await self._http.handle_request(scope, receive, send)  # type: ignore[arg-type]
         except RuntimeError as exc:
             # The session manager stopped between our check and its use.
             raise RuntimeClosed from exc
+
+    # -- the fast path (svcgate.fastpath) ---------------------------------------------------
+
+    def _fast_session(self, session_id: str) -> bool:
+        if session_id not in self._fast_sessions:
+            return False
+        http = self._http
+        if http is None or session_id not in http._server_instances:
+            del self._fast_sessions[session_id]  # ended (DELETE, idle expiry)
+            return False
+        return True
+
+    def _fast_routable(self, tool: str) -> bool:
+        route = self._fast_routes.get(tool)
+        return (
+            route is not None
+            and route[0].state is ServerState.READY
+            and route[0].downstream is not None
+        )
+
+    def _noting_session(self, message: dict[str, Any], send: Send) -> Send:
+        """``send`` that remembers the session an ``initialize`` opens, when it qualifies."""
+        params = message.get("params")
+        capabilities = params.get("capabilities") if isinstance(params, dict) else None
+        if not fastpath.qualifies_for_fast_path(capabilities):
+            return send
+
+        async def noting(reply: dict[str, Any]) -> None:
+            if reply["type"] == "http.response.start":
+                for key, value in reply.get("headers", ()):
+                    if bytes(key).lower() == b"mcp-session-id":
+                        self._fast_sessions[bytes(value).decode("latin-1")] = None
+                        while len(self._fast_sessions) > MAX_FAST_SESSIONS:
+                            self._fast_sessions.popitem(last=False)
+            await send(reply)
+
+        return noting
+
+    def _cancel_fast(self, scope: Scope, message: dict[str, Any]) -> bool:
+        """Honour a handshake client's ``notifications/cancelled`` for a fast-path call."""
+        session = next((v for k, v in scope["headers"] if k == b"mcp-session-id"), None)
+        params = message.get("params")
+        if session is None or not isinstance(params, dict):
+            return False
+        key = (bytes(session).decode("latin-1"), params.get("requestId"))
+        try:
+            cancel = self._fast_inflight.get(key)
+        except TypeError:  # an unhashable requestId
+            return False
+        if cancel is None:
+            return False
+        cancel.cancel()
+        return True
+
+    async def _relay(self, request: fastpath.FastRequest, receive: Receive, send: Send) -> None:
+        """Serve a ``tools/call`` on the fast path (see :mod:`svcgate.fastpath`)."""
+        server, original = self._fast_routes[request.tool]
+        downstream = server.downstream
+        assert downstream is not None
+        params = {**legacy_params(request.params), "name": original}
+        call = fastpath.FastCall(request.request_id)
+        on_progress = call.progress if _progress_token(params) is not None else None
+        outcome: dict[str, Any] = {}
+
+        async def invoke() -> None:
+            try:
+                result = await downstream.request(
+                    "tools/call", params, context=call, on_progress=on_progress
+                )
+                if request.modern and "resultType" not in result:
+                    result = {**result, "resultType": "complete"}
+                outcome["result"] = result
+            except DownstreamError as exc:
+                outcome["error"] = exc.to_json()
+            except DownstreamGone:
+                outcome["error"] = {
+                    "code": INTERNAL_ERROR,
+                    "message": f"server {server.name!r} stopped while handling the request",
+                }
+            finally:
+                call.finish()
+
+        gone = False
+
+        async def watch(cancel: trio.CancelScope) -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            cancel.cancel()
+
+        key = None if request.session_id is None else (request.session_id, request.request_id)
+        streaming = answered = False
+        async with trio.open_nursery() as nursery:
+            if key is not None:
+                self._fast_inflight[key] = nursery.cancel_scope
+            try:
+                nursery.start_soon(invoke)
+                nursery.start_soon(watch, nursery.cancel_scope)
+                async for event in call.outbox:
+                    if not streaming:
+                        await fastpath.start_stream(send, request)
+                        streaming = True
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                reply = {"jsonrpc": "2.0", "id": request.request_id, **outcome}
+                await fastpath.respond(send, request, reply, streaming=streaming)
+                answered = True
+                nursery.cancel_scope.cancel()
+            finally:
+                if key is not None:
+                    self._fast_inflight.pop(key, None)
+        if answered or gone:
+            return
+        # Cancelled by the client's notifications/cancelled: no answer is owed, but the
+        # HTTP exchange must end.
+        if not streaming:
+            await fastpath.start_stream(send, request)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # -- starting servers ------------------------------------------------------------------
 
@@ -556,7 +719,24 @@ class ProfileRuntime:
         ]
         templates = [t for s in self._ready() for t in s.templates]
         self._tools, self._prompts = tools, prompts
+        self._fast_routes = self._routes_for_fast_path()
         self._resources, self._templates, self._resource_owner = resources, templates, owners
+
+    def _routes_for_fast_path(self) -> dict[str, tuple[ServerRuntime, str]]:
+        routes: dict[str, tuple[ServerRuntime, str]] = {}
+        for server in self._ready():
+            if server.tool_names is None:
+                continue
+            for tool in server.tools:
+                suffix = server.tool_names.original_to_exposed.get(tool["name"])
+                if suffix is None:
+                    continue
+                # A tool with x-mcp-header parameters has Mcp-Param-* headers for the SDK
+                # to check against its arguments: it takes the SDK path.
+                if _X_MCP_HEADER in json.dumps(tool.get("inputSchema")):
+                    continue
+                routes[exposed_name(server.name, suffix)] = (server, tool["name"])
+        return routes
 
     # -- the SDK server's handlers ---------------------------------------------------------
 
@@ -630,6 +810,7 @@ class ProfileRuntime:
         self, ctx: Ctx, server: ServerRuntime, method: str, params: dict[str, Any]
     ) -> dict[str, Any]:
         assert server.downstream is not None
+        params = legacy_params(params)
         token = _progress_token(params)
         on_progress = None
         if token is not None:
