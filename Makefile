@@ -7,7 +7,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test lint system-packages node-deps web-deps clean
+.PHONY: demo test bench lint system-packages node-deps web-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ web-deps:
 
 demo: $(VENV)/.installed system-packages web-deps
 	$(VENV)/bin/svcgate demo
+
+# The benchmarks (docs/benchmarks.md): every scenario, a table and JSON lines in bench/results/.
+bench: $(VENV)/.installed system-packages
+	mkdir -p bench/results
+	$(PY) -m bench --json bench/results/latest.jsonl --markdown bench/results/latest.md $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	scripts/lint

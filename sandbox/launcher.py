@@ -100,6 +100,9 @@ class Launcher:
         self._nursery = nursery
         self._live: dict[str, Sandbox] = {}
         self._io_limiter = trio.CapacityLimiter(4)
+        # Cgroup setup in worker threads (see _setup); its own limiter, so a slow teardown
+        # holding the I/O limiter (a big scratch dir) never delays a start.
+        self._cgroup_limiter = trio.CapacityLimiter(4)
 
     @property
     def sandboxes(self) -> list[Sandbox]:
@@ -242,9 +245,17 @@ class Launcher:
             res.scratch = scratch
             await trio.to_thread.run_sync(self._make_scratch, scratch, limiter=self._io_limiter)
         if setup.cgroups is not None:
-            # Synchronous on purpose: cgroupfs writes are in-kernel and fast, and with no
-            # checkpoint in between the handle is recorded the moment the cgroup exists.
-            res.cgroup = setup.cgroups.create(res.name, spec.limits)
+            # In a worker thread: on cgroup v1 a mkdir or a write to cgroup.procs can wait
+            # for an RCU grace period (10-25 ms measured), which must not stall the event
+            # loop (every other sandbox's start and every warm request wait on it). The
+            # thread records the handle itself the moment the cgroup exists, so a
+            # cancellation that arrives meanwhile still finds it in ``res`` for cleanup.
+            cgroups, limits = setup.cgroups, spec.limits
+
+            def make_cgroup() -> None:
+                res.cgroup = cgroups.create(res.name, limits)
+
+            await trio.to_thread.run_sync(make_cgroup, limiter=self._cgroup_limiter)
 
         fds = self._make_fds(spec, res, root, netns_path)
         argv = build_command(spec, root, setup.features, fds.runtime)
@@ -274,8 +285,14 @@ class Launcher:
             hostmod.check_not_host_root(res.popen.pid)
             hostmod.check_not_host_root(res.child_pid)
             if res.cgroup is not None:
-                res.cgroup.attach(res.popen.pid)
-                res.cgroup.attach(res.child_pid)
+                # A worker thread, for the reason given where the cgroup is made. bwrap is
+                # still blocked meanwhile: nothing in the sandbox runs outside the cgroup.
+                await trio.to_thread.run_sync(
+                    _attach,
+                    res.cgroup,
+                    (res.popen.pid, res.child_pid),
+                    limiter=self._cgroup_limiter,
+                )
         except (ProcessLookupError, FileNotFoundError):
             # bwrap builds the mount tree before it blocks on --block-fd, so a spec it
             # cannot set up (missing bind source ...) usually makes it exit right here.
@@ -434,6 +451,11 @@ def _popen(
         # sandboxes directly; the gateway stops them in order.
         start_new_session=True,
     )
+
+
+def _attach(cgroup: Cgroup, pids: tuple[int, ...]) -> None:
+    for pid in pids:
+        cgroup.attach(pid)
 
 
 async def _learn_child(res: Resources) -> bool:

@@ -92,14 +92,53 @@ def visible_owner(session: SessionInfo) -> int | None:
     return None if session.real_user.role == "admin" else session.real_user.id
 
 
-def list_profiles(conn: sqlite3.Connection, owner: int | None) -> list[Profile]:
-    if owner is None:
-        rows = conn.execute("SELECT id, slug, name, user_id FROM profiles ORDER BY id").fetchall()
-    else:
-        rows = conn.execute(
-            "SELECT id, slug, name, user_id FROM profiles WHERE user_id = ? ORDER BY id", (owner,)
-        ).fetchall()
-    return _build(conn, rows)
+_LISTING = (
+    "SELECT p.id, p.slug, p.name, p.user_id, s.name FROM profiles p"
+    " LEFT JOIN profile_servers ps ON ps.profile_id = p.id"
+    " LEFT JOIN servers s ON s.id = ps.server_id"
+    " {where} ORDER BY p.id"
+)
+
+
+def list_public(conn: sqlite3.Connection, owner: int | None) -> list[dict[str, Any]]:
+    """The public form (:meth:`Profile.public`) of every profile of ``owner`` (None: all),
+    by id, with their servers sorted by name.
+
+    One query in profile order (the profiles, their bundles and the server names joined),
+    grouped here, straight into the response's dicts: a listing has no paging (SPEC), so it
+    costs per profile, and this keeps that cost to one joined row each (no list of every id
+    bound as SQL parameters, no intermediate objects). Bundles are sorted here: sorting
+    them in SQL (``ORDER BY p.id, s.name``) costs a sorter per profile, more than the
+    whole query otherwise."""
+    where, params = ("WHERE p.user_id = ?", (owner,)) if owner is not None else ("", ())
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: cheaper than sqlite3.Row per row
+    found: list[dict[str, Any]] = []
+    servers: list[str] = []
+    unsorted: list[list[str]] = []
+    last = None
+    for profile_id, slug, name, user_id, server in cursor.execute(
+        _LISTING.format(where=where), params
+    ):
+        if profile_id != last:
+            last, servers = profile_id, []
+            found.append(
+                {
+                    "id": profile_id,
+                    "slug": slug,
+                    "name": name,
+                    "user_id": user_id,
+                    "endpoint": f"/mcp/p/{slug}",
+                    "servers": servers,
+                }
+            )
+        if server is not None:
+            servers.append(server)
+            if len(servers) == 2:
+                unsorted.append(servers)
+    for names in unsorted:
+        names.sort()  # code point order: SQLite's BINARY collation of UTF-8, as elsewhere
+    return found
 
 
 def get_profile(conn: sqlite3.Connection, profile_id: int, owner: int | None) -> Profile:

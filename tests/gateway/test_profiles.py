@@ -120,6 +120,29 @@ def test_other_users_profiles_are_invisible_and_admins_see_all(
         assert renamed.json()["user_id"] == bobs["user_id"]
 
 
+def test_the_list_shows_each_profile_as_its_detail_does(
+    gateway: Gateway, sessions: dict[str, str]
+) -> None:
+    with api(gateway, sessions["carol"]) as client:
+        _create(client, "carol-one", "Carol’s “tools”")
+        second = _create(client, "carol-two")
+        client.put(f"/api/profiles/{second['id']}/servers", json={"servers": ["echo"]})
+        listed = client.get("/api/profiles")
+        assert listed.status_code == 200
+        assert listed.headers["content-type"] == "application/json"
+        assert listed.headers["cache-control"] == "no-store"
+        details = []
+        for item in listed.json():
+            detail = client.get(f"/api/profiles/{item['id']}").json()
+            detail.pop("runtime")
+            details.append(detail)
+        assert listed.json() == details
+        assert [p["id"] for p in details] == sorted(p["id"] for p in details)
+        mine = {p["slug"]: p for p in details}
+        assert mine["carol-one"]["name"] == "Carol’s “tools”"
+        assert mine["carol-two"]["servers"] == ["echo"]
+
+
 def test_rename(gateway: Gateway, sessions: dict[str, str]) -> None:
     with api(gateway, sessions["bob"]) as client:
         created = _create(client, "rename-me")

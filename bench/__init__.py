@@ -1,0 +1,1 @@
+"""svcgate's benchmarks: ``python -m bench`` (see docs/benchmarks.md)."""
