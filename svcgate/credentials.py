@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,20 @@ SERVER_PARAM = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 HEADER = re.compile(r"^[A-Za-z0-9-]+$")
 SECRET_MAX = 64 * 1024
 _FORBIDDEN_CHARS = ("\r", "\n", "\x00")
+
+# When a credential was last created, replaced or deleted in this process (monotonic clock):
+# the egress proxy trusts no remembered read that started before it (svcgate.egress.service).
+_last_change = 0.0
+
+
+def mark_changed() -> None:
+    """Call after a credential change has committed."""
+    global _last_change  # one process-wide instant, written from the event loop
+    _last_change = time.monotonic()
+
+
+def last_change() -> float:
+    return _last_change
 
 
 @dataclass(frozen=True)

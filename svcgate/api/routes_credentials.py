@@ -76,7 +76,9 @@ async def put_credential(server: str) -> Response:
         changed = credentials.upsert(conn, vault, user_id, server, data)
         return credentials.profiles_using(conn, user_id, server) if changed else []
 
-    await _restart(await services().store.write(store))
+    changed = await services().store.write(store)
+    credentials.mark_changed()
+    await _restart(changed)
     return Response(b"", status=204)
 
 
@@ -99,5 +101,7 @@ async def delete_credential(server: str) -> Response:
         gone = credentials.delete(conn, user_id, server)
         return credentials.profiles_using(conn, user_id, server) if gone else []
 
-    await _restart(await services().store.write(remove))
+    changed = await services().store.write(remove)
+    credentials.mark_changed()
+    await _restart(changed)
     return Response(b"", status=204)

@@ -52,6 +52,7 @@ reason otherwise, checked in this order:
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import re
 import unicodedata
@@ -216,9 +217,21 @@ def _parse_port(text: str, authority: str) -> int:
 
 
 def parse_authority(authority: str, *, default_port: int | None = None) -> Target:
-    """Parse ``host:port`` / ``[v6]:port`` (or a bare host when ``default_port`` is given)."""
+    """Parse ``host:port`` / ``[v6]:port`` (or a bare host when ``default_port`` is given).
+
+    Pure, so results are memoised (:data:`PARSE_CACHE_SIZE` most recent, LRU): the proxy
+    parses the same few authorities on every request. Refusals are not cached (they raise
+    afresh each time)."""
     if default_port is not None and not 1 <= default_port <= 65535:
         raise ValueError(f"default port {default_port} is outside 1-65535")
+    return _parse_authority(authority, default_port)
+
+
+PARSE_CACHE_SIZE: Final = 1024
+
+
+@functools.lru_cache(maxsize=PARSE_CACHE_SIZE)
+def _parse_authority(authority: str, default_port: int | None) -> Target:
     if len(authority) > _MAX_AUTHORITY:
         raise TargetError(f"authority {_echo(authority)}... is too long")
     if authority.startswith("["):

@@ -48,7 +48,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 import h11
@@ -69,6 +69,9 @@ from svcgate.egress.policy import CredentialRule, Decision, ServerRules
 from svcgate.egress.redact import StreamRedactor, redact, secret_forms
 from svcgate.egress.resolver import ResolveError, Resolver
 
+if TYPE_CHECKING:
+    from h11._headers import Headers
+
 log = logging.getLogger(__name__)
 
 MAX_HEADER_BYTES = 32 * 1024
@@ -77,6 +80,7 @@ BUSY_RESPONSE = (
     b"x-svcgate-egress: deny_limit\r\n\r\n"
 )
 RECEIVE_SIZE = 64 * 1024
+CLASSIFY_CACHE_SIZE = 4096
 BODYLESS_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE", b"TRACE"})
 _STREAM_ERRORS = (
     trio.BrokenResourceError,
@@ -129,6 +133,9 @@ class Lookup(Protocol):
 
 
 PolicySource = Callable[[EgressIdentity], Awaitable[Lookup]]
+# A recent lookup, without I/O, or None. Trusted only for a decision that allows without a
+# credential (see _Connection._decide); anything else is decided on a fresh lookup.
+RecentPolicy = Callable[[EgressIdentity], Lookup | None]
 # Called with fresh=False for the kept upstream connection (if any), fresh=True for a new
 # one; returns (connection, whether it was kept).
 UpstreamSource = Callable[[bool], Awaitable[tuple["HttpIO", bool]]]
@@ -225,7 +232,14 @@ class PrefixedStream(trio.abc.HalfCloseableStream):
 
 
 class HttpIO:
-    """An h11 connection over a stream, with an idle timeout on every receive."""
+    """An h11 connection over a stream, with an idle timeout on every receive.
+
+    Outgoing bytes can be queued (:meth:`queue`) and written together (:meth:`flush`): a
+    relayed response's head and body leave in one write instead of one per h11 event, so
+    the peer is woken once. Whatever is queued is flushed before this side waits for the
+    other stream (``next_event(before_wait=...)``) and at the end of a message, so nothing
+    is ever held back while the proxy waits.
+    """
 
     def __init__(
         self, stream: trio.abc.Stream, role: type[h11.CLIENT] | type[h11.SERVER], idle: float
@@ -233,20 +247,50 @@ class HttpIO:
         self.stream = stream
         self.conn = h11.Connection(role, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.idle = idle
+        self._out: list[bytes] = []
+        self._queued = 0
 
-    async def next_event(self) -> object:
+    async def next_event(self, before_wait: HttpIO | None = None) -> object:
+        """The next h11 event; receives (idle timeout) only when h11 needs more bytes, after
+        flushing ``before_wait``'s queued output."""
+        conn = self.conn
         while True:
-            event = self.conn.next_event()
+            event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            with trio.fail_after(self.idle):
+            if before_wait is not None:
+                await before_wait.flush()
+            # trio.fail_after without its generator context manager (a few microseconds on
+            # every receive); same outcome: TooSlowError when nothing arrives in time.
+            with trio.CancelScope(deadline=trio.current_time() + self.idle) as scope:
                 data = await self.stream.receive_some(RECEIVE_SIZE)
-            self.conn.receive_data(bytes(data))
+            if scope.cancelled_caught:
+                raise trio.TooSlowError
+            conn.receive_data(bytes(data))
 
-    async def send(self, event: h11.Event) -> None:
+    def queue(self, event: h11.Event) -> None:
+        """Serialise ``event`` (h11 checks it) without writing it yet."""
         data = self.conn.send(event)
         if data:
-            await self.stream.send_all(data)
+            self._out.append(data)
+            self._queued += len(data)
+
+    @property
+    def queued(self) -> int:
+        """Bytes queued and not written yet."""
+        return self._queued
+
+    async def flush(self) -> None:
+        if not self._out:
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self._queued = 0
+        await self.stream.send_all(data)
+
+    async def send(self, event: h11.Event) -> None:
+        self.queue(event)
+        await self.flush()
 
     @property
     def reusable(self) -> bool:
@@ -278,6 +322,11 @@ async def dial(ip: IPAddress, port: int, connect_timeout: float) -> trio.SocketS
     return trio.SocketStream(sock)
 
 
+def mentions(data: bytes, forms: tuple[bytes, ...]) -> bool:
+    """Whether any form occurs in ``data`` (if none does, :func:`redact` returns it as is)."""
+    return any(form in data for form in forms)
+
+
 def same_authority(value: bytes, target: Target, default_port: int) -> bool:
     """Whether a ``Host`` header names exactly ``target`` (canonicalised both sides)."""
     try:
@@ -288,18 +337,36 @@ def same_authority(value: bytes, target: Target, default_port: int) -> bool:
     return other.host == target.host and other.port == target.port
 
 
-def framing_problem(request: h11.Request) -> str | None:
-    """Why a request's framing is ambiguous (THREATS.md C9), or None."""
-    headers = request.headers
-    te = header_values(headers, b"transfer-encoding")
-    cl = header_values(headers, b"content-length")
+Fields = list[tuple[bytes, bytes]]
+
+
+def fields_of(event: h11.Request | h11.Response) -> Fields:
+    """An h11 event's headers as a plain list of (lower-case name, value), as iterating the
+    event's ``Headers`` gives them. That iteration is slow (a Python-level ``__getitem__``
+    per item): convert once per message with ``raw_items``, then scan the list."""
+    return [(name.lower(), value) for name, value in event.headers.raw_items()]
+
+
+def framing_problem(request: h11.Request, fields: Fields | None = None) -> str | None:
+    """Why a request's framing is ambiguous (THREATS.md C9), or None. ``fields``: the
+    request's headers from :func:`fields_of`, if the caller has them already."""
+    te: list[bytes] = []
+    cl: list[bytes] = []
+    upgrade = False
+    for name, value in fields_of(request) if fields is None else fields:
+        if name == b"transfer-encoding":
+            te.append(value)
+        elif name == b"content-length":
+            cl.append(value)
+        elif name in (b"upgrade", b"http2-settings"):
+            upgrade = True
     if te and cl:
         return "Transfer-Encoding together with Content-Length"
     if te and [v.strip().lower() for v in te] != [b"chunked"]:
         return "transfer coding other than chunked"
     if request.method in BODYLESS_METHODS and (te or any(v.strip() != b"0" for v in cl)):
         return f"{request.method.decode()} with a body"
-    if header_values(headers, b"upgrade") or header_values(headers, b"http2-settings"):
+    if upgrade:
         return "protocol upgrades are not supported"
     return None
 
@@ -313,13 +380,32 @@ class EgressProxy:
         ca: GatewayCA,
         upstream_context: ssl.SSLContext,
         sink: EgressAuditSink,
+        recent: RecentPolicy | None = None,
     ) -> None:
         self.config = config
         self.lookup = lookup
+        self.recent = recent
         self.resolver = resolver
         self.ca = ca
         self.upstream_context = upstream_context
         self.sink = sink
+        # classify() is pure and the configuration is fixed: remember recent answers.
+        self._classified: dict[IPAddress, str | None] = {}
+
+    def classify(self, ip: IPAddress) -> str | None:
+        """:func:`svcgate.egress.addresses.classify` under this proxy's carve-out and own
+        addresses (memoised, at most :data:`CLASSIFY_CACHE_SIZE` addresses)."""
+        try:
+            return self._classified[ip]
+        except KeyError:
+            pass
+        reason = classify_address(
+            ip, allowed=self.config.allowed_networks, own=self.config.own_addresses
+        )
+        if len(self._classified) >= CLASSIFY_CACHE_SIZE:
+            self._classified.clear()
+        self._classified[ip] = reason
+        return reason
 
     async def serve(
         self, listener: trio.SocketListener, identity: EgressIdentity, state: SandboxState
@@ -395,6 +481,9 @@ class _Connection:
         # Plain HTTP: the upstream connection kept for the last target.
         self._upstream: HttpIO | None = None
         self._upstream_key: tuple[str, int, str] | None = None
+        # The scrubbed forms of the secret last injected on this connection (a tunnel's
+        # requests carry the same secret until it is replaced).
+        self._forms: tuple[bytes, tuple[bytes, ...]] | None = None
 
     async def run(self) -> None:
         try:
@@ -440,16 +529,33 @@ class _Connection:
         raise Denied(429, policy.DENY_LIMIT, "request rate limit exceeded")
 
     async def _decide(self, target: Target) -> tuple[Decision, Lookup]:
-        """The policy decision by name, read afresh; a denial is audited and raised."""
+        """The policy decision by name; a denial is audited and raised.
+
+        A recent lookup (``EgressProxy.recent``) decides only when it allows *without* a
+        credential: such a decision sends nothing secret, so a credential created or widened
+        since then can at worst be missing from this request. Every other outcome (inject,
+        deny) is decided on a fresh lookup, so a deleted, replaced or narrowed credential
+        and a refusal apply to the very next request.
+        """
         host = target.host
+        recent: Lookup | None = None
+        if self.proxy.recent is not None:
+            try:
+                recent = self.proxy.recent(self.identity)
+            except Exception:  # the fresh lookup below decides (and fails closed)
+                log.exception("egress: the recent policy of %s failed", self.identity.server)
+        if recent is not None:
+            decision: Decision = policy.decide(
+                target, recent.rules, recent.credential, ports=self.config.ports
+            )
+            if decision.allowed and not decision.inject:
+                return decision, recent
         try:
             lookup = await self.proxy.lookup(self.identity)
         except Exception as exc:  # a broken policy denies (fail closed)
             log.warning("egress policy for %s unavailable: %s", self.identity.server, exc)
             raise self.deny(403, policy.DENY_HOST, host, "egress policy unavailable") from exc
-        decision: Decision = policy.decide(
-            target, lookup.rules, lookup.credential, ports=self.config.ports
-        )
+        decision = policy.decide(target, lookup.rules, lookup.credential, ports=self.config.ports)
         if not decision.allowed:
             raise self.deny(403, decision.decision, host, decision.reason, f"port={target.port}")
         return decision, lookup
@@ -487,9 +593,7 @@ class _Connection:
             except ResolveError as exc:
                 raise self.deny(502, policy.DENY_RESOLVE, host, str(exc)) from exc
         for ip, port in addresses:
-            reason = classify_address(
-                ip, allowed=self.config.allowed_networks, own=self.config.own_addresses
-            )
+            reason = self.proxy.classify(ip)
             if reason is None and port in self.config.self_ports and self._is_self(ip):
                 reason = "gateway"
             if reason is not None:
@@ -566,8 +670,8 @@ class _Connection:
 
     # -- plain HTTP ------------------------------------------------------------------------
 
-    def _check_request(self, request: h11.Request, host: str) -> None:
-        problem = framing_problem(request)
+    def _check_request(self, request: h11.Request, host: str, fields: Fields) -> None:
+        problem = framing_problem(request, fields)
         if problem is not None:
             raise self.deny(400, policy.DENY_REQUEST, host, problem)
 
@@ -590,7 +694,8 @@ class _Connection:
             target = parse_authority(parts.netloc, default_port=80)
         except TargetError as exc:
             raise self.deny(400, policy.DENY_REQUEST, "", str(exc)) from exc
-        hosts = header_values(request.headers, b"host")
+        fields = fields_of(request)
+        hosts = header_values(fields, b"host")
         if len(hosts) > 1 or (hosts and not same_authority(hosts[0], target, 80)):
             raise self.deny(
                 403,
@@ -598,7 +703,7 @@ class _Connection:
                 target.host,
                 "Host header differs from the URI",
             )
-        self._check_request(request, target.host)
+        self._check_request(request, target.host, fields)
         self._take_token(target.host)
         auth = await self.authorize(target, "http")
         path = parts.path or "/"
@@ -617,10 +722,12 @@ class _Connection:
             self._upstream, self._upstream_key = upstream, key
             return upstream, False
 
-        headers = forward_request_headers(request.headers, auth.injection)
+        headers = forward_request_headers(fields, auth.injection)
         if not hosts:
             headers.insert(0, (b"host", target.authority.encode()))
-        await self._exchange(request, path.encode(), headers, upstreams, auth.injection)
+        await self._exchange(
+            request, path.encode(), headers, upstreams, auth.injection, unchanged=fields
+        )
         upstream = self._upstream
         if upstream is None:
             return
@@ -638,12 +745,18 @@ class _Connection:
         upstreams: UpstreamSource,
         injection: Injection | None,
         client: HttpIO | None = None,
+        *,
+        unchanged: Fields | None = None,
     ) -> None:
         """Forward one request (body included) and relay its response.
 
         A kept upstream connection may have been closed by the upstream while idle (its
         keep-alive timeout): a request without a body that fails there before any response
         byte is sent again, once, on a fresh connection to the same checked address.
+
+        ``unchanged``: the request's own header fields; when nothing was injected, stripped
+        or added (``headers`` equals them), the request's already validated h11 headers are
+        forwarded as they are instead of being validated again.
         """
         client = client or self.client
         headers = [(k, v) for k, v in headers if k != b"expect"]
@@ -651,9 +764,12 @@ class _Connection:
             header_values(headers, b"transfer-encoding")
             or any(v.strip() != b"0" for v in header_values(headers, b"content-length"))
         )
+        wire: Headers | Fields = headers
+        if injection is None and unchanged is not None and headers == unchanged:
+            wire = request.headers
         upstream, reused = await upstreams(False)
         try:
-            await self._send_request(request, path, headers, upstream, client)
+            await self._send_request(request, path, wire, upstream, client)
             await self._relay_response(upstream, client, injection)
         except _UpstreamGone as gone:
             if not reused or has_body:
@@ -661,7 +777,7 @@ class _Connection:
             log.debug("egress %s: kept upstream connection was stale", self.identity.server)
             upstream, _ = await upstreams(True)
             try:
-                await self._send_request(request, path, headers, upstream, client)
+                await self._send_request(request, path, wire, upstream, client)
                 await self._relay_response(upstream, client, injection)
             except _UpstreamGone as again:
                 raise Denied(502, "upstream", str(again)) from again
@@ -670,12 +786,17 @@ class _Connection:
         self,
         request: h11.Request,
         path: bytes,
-        headers: list[tuple[bytes, bytes]],
+        headers: Headers | Fields,
         upstream: HttpIO,
         client: HttpIO,
     ) -> None:
+        # The head (and a bodyless request's end) leave in one write. A write that fails is
+        # _UpstreamGone: retried once on a fresh connection for a bodyless request on a kept
+        # one, a 502 otherwise (see _exchange).
         try:
-            await upstream.send(h11.Request(method=request.method, target=path, headers=headers))
+            upstream.queue(h11.Request(method=request.method, target=path, headers=headers))
+            if client.conn.they_are_waiting_for_100_continue:
+                await upstream.flush()
         except (h11.LocalProtocolError, trio.BrokenResourceError, OSError) as exc:
             raise _UpstreamGone("upstream failed while sending the request") from exc
         if client.conn.they_are_waiting_for_100_continue:
@@ -683,30 +804,42 @@ class _Connection:
         try:
             # On a retry the (empty) body was read already: the client is past SEND_BODY.
             while client.conn.their_state is h11.SEND_BODY:
-                event = await client.next_event()
+                event = await client.next_event(before_wait=upstream)
                 if isinstance(event, h11.Data):
-                    await upstream.send(event)
+                    upstream.queue(event)
+                    if upstream.queued >= RECEIVE_SIZE:
+                        await upstream.flush()
                 elif not isinstance(event, h11.EndOfMessage):
                     raise h11.RemoteProtocolError("request body ended early")
-            await upstream.send(h11.EndOfMessage())
+            upstream.queue(h11.EndOfMessage())
+            await upstream.flush()
         except (h11.LocalProtocolError, trio.BrokenResourceError, OSError) as exc:
-            raise Denied(502, "upstream", "upstream failed while sending the request") from exc
+            raise _UpstreamGone("upstream failed while sending the request") from exc
+
+    def _secret_forms(self, secret: bytes) -> tuple[bytes, ...]:
+        """:func:`secret_forms` of ``secret``, computed once per secret per connection."""
+        known = self._forms
+        if known is None or known[0] != secret:
+            known = self._forms = (secret, secret_forms(secret))
+        return known[1]
 
     async def _relay_response(
         self, upstream: HttpIO, client: HttpIO, injection: Injection | None
     ) -> None:
-        forms = secret_forms(injection.secret) if injection is not None else ()
+        forms = self._secret_forms(injection.secret) if injection is not None else ()
         redactor = StreamRedactor(forms) if forms else None
         started = False
         try:
             while True:
-                event = await upstream.next_event()
+                # What is queued for the client is written before waiting for the upstream.
+                event = await upstream.next_event(before_wait=client)
                 if isinstance(event, h11.InformationalResponse):
                     if event.status_code == 101:
                         raise h11.RemoteProtocolError("upstream switched protocols")
                     continue  # 1xx from upstream are not relayed (100-continue is ours)
                 if isinstance(event, h11.Response):
-                    headers = strip_hop_by_hop(event.headers)
+                    fields = fields_of(event)
+                    headers = strip_hop_by_hop(fields)
                     reason = bytes(event.reason)
                     if forms:
                         # A compressed body cannot be scanned for the secret (C8).
@@ -715,24 +848,37 @@ class _Connection:
                             raise Denied(
                                 502, "upstream", "compressed response to a credential request"
                             )
-                        headers = [(k, redact(v, forms)[0]) for k, v in headers]
-                        reason = redact(reason, forms)[0]
-                    await client.send(
-                        h11.Response(status_code=event.status_code, headers=headers, reason=reason)
-                    )
+                        headers = [
+                            (k, redact(v, forms)[0] if mentions(v, forms) else v)
+                            for k, v in headers
+                        ]
+                        if mentions(reason, forms):
+                            reason = redact(reason, forms)[0]
+                    if not forms and len(headers) == len(fields) and event.http_version == b"1.1":
+                        # Nothing to strip or redact: relay the parsed (validated) response.
+                        client.queue(event)
+                    else:
+                        client.queue(
+                            h11.Response(
+                                status_code=event.status_code, headers=headers, reason=reason
+                            )
+                        )
                     started = True
                 elif isinstance(event, h11.Data):
                     data = (
                         bytes(event.data) if redactor is None else redactor.feed(bytes(event.data))
                     )
                     if data:
-                        await client.send(h11.Data(data=data))
+                        client.queue(event if redactor is None else h11.Data(data=data))
+                        if client.queued >= RECEIVE_SIZE:
+                            await client.flush()
                 elif isinstance(event, h11.EndOfMessage):
                     if redactor is not None:
                         tail = redactor.finish()
                         if tail:
-                            await client.send(h11.Data(data=tail))
-                    await client.send(h11.EndOfMessage())
+                            client.queue(h11.Data(data=tail))
+                    client.queue(h11.EndOfMessage())
+                    await client.flush()
                     return
                 else:
                     raise h11.RemoteProtocolError("upstream closed before the response ended")
@@ -872,12 +1018,15 @@ class _Connection:
                 if not isinstance(event, h11.Request):
                     return
                 try:
-                    path = self._inner_path(event, target)
-                    self._check_request(event, target.host)
+                    fields = fields_of(event)
+                    path = self._inner_path(event, target, fields)
+                    self._check_request(event, target.host, fields)
                     self._take_token(target.host)
                     injection = await self.inner_injection(target)
-                    headers = forward_request_headers(event.headers, injection)
-                    await self._exchange(event, path, headers, upstreams, injection, client)
+                    headers = forward_request_headers(fields, injection)
+                    await self._exchange(
+                        event, path, headers, upstreams, injection, client, unchanged=fields
+                    )
                 except Denied as denied:
                     await self._respond_error(denied.status, denied.decision, str(denied), client)
                     return
@@ -894,9 +1043,9 @@ class _Connection:
         finally:
             await close_all(server, None if up is None else up.stream, upstream_tcp)
 
-    def _inner_path(self, request: h11.Request, target: Target) -> bytes:
+    def _inner_path(self, request: h11.Request, target: Target, fields: Fields) -> bytes:
         """The origin-form path of an inner request; refuse any other authority (C5)."""
-        hosts = header_values(request.headers, b"host")
+        hosts = header_values(fields, b"host")
         raw = request.target
         path = raw
         if not raw.startswith(b"/"):

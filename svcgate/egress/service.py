@@ -15,15 +15,26 @@ an :class:`Attachment` whose :meth:`~Attachment.apply` adds to the sandbox's spe
   without a placeholder gives the fixed marker :data:`NO_PLACEHOLDER`, so a server that
   insists on the variable still starts (its requests get the injection header).
 
-It then serves the listener until cancelled (the sandbox stopped). Every decision reads the
-owner's credential row afresh (no cache: a deleted or replaced credential applies to the next
-request); the secret is decrypted only when a request is about to carry it.
+It then serves the listener until cancelled (the sandbox stopped).
+
+The owner's credential row is read afresh (a thread hop to SQLite) for every decision that
+sends the credential and for every refusal, so a deleted, replaced or narrowed credential
+applies to the next request; the secret is decrypted only when a request is about to carry
+it. What a read found (the credential's hosts and injection settings, never the secret) is
+remembered per (owner, server) for :data:`RECENT_TTL` seconds, and the proxy may decide from
+it alone when the answer is "allowed, without a credential" (:meth:`EgressService.recent`):
+nothing secret travels on such a decision. A credential created, replaced or deleted through
+the API (:func:`svcgate.credentials.mark_changed`, after its commit) makes every read that
+began before it untrusted, so a change applies to the next request. Plain requests to hosts
+on a server's own egress list skip the database that way.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -33,6 +44,7 @@ import trio
 
 from netns import core as netns_core
 from sandbox import SandboxSpec
+from svcgate import credentials
 from svcgate.credentials import StoredCredential, read_stored
 from svcgate.egress.addresses import IPAddress
 from svcgate.egress.audit_sink import EgressAuditSink
@@ -51,6 +63,30 @@ CA_BUNDLE_PATH = "/svcgate/tls/ca-bundle.pem"
 NO_PLACEHOLDER = "svcgate-credential-injected-by-proxy"
 CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+# How long a read's outcome may decide "allowed without a credential" (see the module doc).
+RECENT_TTL = 1.0
+RECENT_MAX = 4096
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """What the policy needs from a credential row: everything but the sealed secret."""
+
+    allowed_hosts: tuple[str, ...]
+    inject_header: str | None
+    inject_format: str | None
+    placeholder: str | None
+
+    @classmethod
+    def of(cls, row: StoredCredential) -> _Policy:
+        return cls(tuple(row.allowed_hosts), row.inject_header, row.inject_format, row.placeholder)
+
+    def rule(self, rules: ServerRules) -> CredentialRule:
+        header, fmt = self.inject_header, self.inject_format
+        if header is None and fmt is None:
+            # The credential says nothing about how it is sent: the manifest decides.
+            header, fmt = rules.inject_header, rules.inject_format
+        return _rule(self.allowed_hosts, header, fmt, self.placeholder)
 
 
 @dataclass(frozen=True)
@@ -122,26 +158,49 @@ class EgressService:
             ca,
             upstream or upstream_context(settings.upstream_ca_file),
             sink,
+            recent=self.recent,
         )
         self.bundle = ca.bundle()
         self._listen_limiter = trio.CapacityLimiter(4)
+        # (owner, server) -> (monotonic time the read started, what it found; no secret).
+        self._recent: dict[tuple[int, str], tuple[float, _Policy | None]] = {}
 
     async def lookup(self, identity: EgressIdentity) -> _Lookup:
+        """The owner's credential read afresh (and remembered for :meth:`recent`)."""
         rules = self.server_rules(identity.server)
         row: StoredCredential | None = None
+        started = time.monotonic()
         if identity.user_id:  # the legacy profile has no owner, so no credentials
             row = await self.store.read(
                 partial(read_stored, user_id=identity.user_id, server=identity.server)
             )
-        if row is None:
+        found = None if row is None else _Policy.of(row)
+        self._remember((identity.user_id, identity.server), started, found)
+        if row is None or found is None:
             return _Lookup(rules, None, _no_secret)
         vault, sealed = self.vault, row.sealed
-        header, fmt = row.inject_header, row.inject_format
-        if header is None and fmt is None:
-            # The credential says nothing about how it is sent: the manifest decides.
-            header, fmt = rules.inject_header, rules.inject_format
-        rule = CredentialRule.of(row.allowed_hosts, header, fmt, row.placeholder)
+        rule = found.rule(rules)
         return _Lookup(rules, rule, lambda: vault.open(identity.user_id, identity.server, sealed))
+
+    def _remember(self, key: tuple[int, str], started: float, found: _Policy | None) -> None:
+        known = self._recent.get(key)
+        if known is not None and known[0] > started:
+            return  # a read that started later finished first: keep the newer answer
+        if known is None and len(self._recent) >= RECENT_MAX:
+            self._recent.clear()
+        self._recent[key] = (started, found)
+
+    def recent(self, identity: EgressIdentity) -> _Lookup | None:
+        """What a read at most :data:`RECENT_TTL` seconds old found, with the server's rules
+        as they are now; never a secret (its ``open_secret`` raises). None: read afresh."""
+        found = self._recent.get((identity.user_id, identity.server))
+        if found is None or time.monotonic() - found[0] > RECENT_TTL:
+            return None
+        if found[0] <= credentials.last_change():
+            return None  # a credential changed since that read began: read afresh
+        rules = self.server_rules(identity.server)
+        policy = found[1]
+        return _Lookup(rules, None if policy is None else policy.rule(rules), _no_secret)
 
     def _env(self, port: int, rules: ServerRules, placeholder: str | None) -> dict[str, str]:
         proxy = f"http://127.0.0.1:{port}"
@@ -201,6 +260,14 @@ class EgressService:
 
 def _no_secret() -> bytes:
     raise LookupError("no credential")
+
+
+@functools.lru_cache(maxsize=1024)
+def _rule(
+    hosts: tuple[str, ...], header: str | None, fmt: str | None, placeholder: str | None
+) -> CredentialRule:
+    """:meth:`CredentialRule.of` (normalising every host pattern) once per distinct rule."""
+    return CredentialRule.of(hosts, header, fmt, placeholder)
 
 
 def ca_directory(data_dir: Path) -> Path:

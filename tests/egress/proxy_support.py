@@ -10,7 +10,8 @@ listener a connection arrived on, as in production). The pieces a test chooses:
   lookup recorded); :meth:`FakeDNS.resolver` builds the product's :class:`Resolver`;
 * :class:`RecordingSink`: an :class:`EgressAuditSink` that only collects events;
 * :class:`Kit`: the gateway CA and the upstream TLS context; :meth:`Kit.run` starts the
-  proxy and yields a :class:`RunningProxy` (ports, per-sandbox state, audit events);
+  proxy (optionally with a ``recent`` policy source, the service's remembered lookups) and
+  yields a :class:`RunningProxy` (ports, per-sandbox state, audit events);
 * client helpers speaking to the proxy: raw bytes (:func:`send_raw`), absolute-form
   requests (:func:`http_get`), ``CONNECT`` (:func:`connect`) and ``CONNECT`` + TLS with a
   chosen SNI (:func:`tls_tunnel`), one response at a time (:func:`exchange`);
@@ -50,6 +51,7 @@ from svcgate.egress.proxy import (
     EgressProxy,
     Lookup,
     ProxyConfig,
+    RecentPolicy,
     SandboxState,
 )
 from svcgate.egress.resolver import ResolveError, Resolver
@@ -242,9 +244,12 @@ class Kit:
         dns: FakeDNS,
         identities: Sequence[EgressIdentity] = (IDENTITY_1,),
         listeners: Mapping[EgressIdentity, trio.SocketListener] | None = None,
+        recent: RecentPolicy | None = None,
     ) -> AsyncIterator[RunningProxy]:
         sink = RecordingSink()
-        proxy = EgressProxy(config, policies, dns.resolver(), self.ca, self.upstream_context, sink)
+        proxy = EgressProxy(
+            config, policies, dns.resolver(), self.ca, self.upstream_context, sink, recent=recent
+        )
         running = RunningProxy(proxy, sink, {}, {})
         async with trio.open_nursery() as nursery:
             for identity in identities:
