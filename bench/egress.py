@@ -291,8 +291,7 @@ class SyncConnection:
                     if not chunk:
                         raise RuntimeError("the proxy closed the CONNECT")
                     head += chunk
-                if not head.startswith(b"HTTP/1.1 200") or not head.endswith(b"\r\n\r\n"):
-                    raise RuntimeError(f"CONNECT refused: {head[:400]!r}")
+                _check_connect_reply(head)
             if side.context is not None:
                 sock = side.context.wrap_socket(sock, server_hostname=SECURE_HOST)
         except BaseException:
@@ -346,8 +345,7 @@ class AsyncConnection:
                     if not chunk:
                         raise RuntimeError("the proxy closed the CONNECT")
                     head += chunk
-                if not head.startswith(b"HTTP/1.1 200") or not head.endswith(b"\r\n\r\n"):
-                    raise RuntimeError(f"CONNECT refused: {head[:400]!r}")
+                _check_connect_reply(head)
             if side.context is not None:
                 tls = trio.SSLStream(stream, side.context, server_hostname=SECURE_HOST)
                 await tls.do_handshake()
@@ -714,6 +712,12 @@ def run(quick: bool) -> list[Row]:
             "settings": {"SVC_EGRESS_RATE": bench.settings["SVC_EGRESS_RATE"]},
         }
         return measure(sides, size, extra)
+
+
+def _check_connect_reply(head: bytes) -> None:
+    """The proxy's answer to CONNECT, read up to its blank line, must be 200 and nothing more."""
+    if not head.startswith(b"HTTP/1.1 200") or not head.endswith(b"\r\n\r\n"):
+        raise RuntimeError(f"CONNECT refused: {head[:400]!r}")
 
 
 if __name__ == "__main__":
