@@ -32,17 +32,24 @@ class Profile:
     servers: tuple[str, ...]
 
     def public(self, token: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": self.id,
-            "slug": self.slug,
-            "name": self.name,
-            "user_id": self.user_id,
-            "endpoint": f"/mcp/p/{self.slug}",
-            "servers": list(self.servers),
-        }
+        body = _public(self.id, self.slug, self.name, self.user_id, list(self.servers))
         if token is not None:
             body["token"] = token
         return body
+
+
+def _public(
+    profile_id: int, slug: str, name: str, user_id: int, servers: list[str]
+) -> dict[str, Any]:
+    """A profile as the API shows it."""
+    return {
+        "id": profile_id,
+        "slug": slug,
+        "name": name,
+        "user_id": user_id,
+        "endpoint": f"/mcp/p/{slug}",
+        "servers": servers,
+    }
 
 
 def check_slug(slug: str) -> None:
@@ -122,16 +129,7 @@ def list_public(conn: sqlite3.Connection, owner: int | None) -> list[dict[str, A
     ):
         if profile_id != last:
             last, servers = profile_id, []
-            found.append(
-                {
-                    "id": profile_id,
-                    "slug": slug,
-                    "name": name,
-                    "user_id": user_id,
-                    "endpoint": f"/mcp/p/{slug}",
-                    "servers": servers,
-                }
-            )
+            found.append(_public(profile_id, slug, name, user_id, servers))
         if server is not None:
             servers.append(server)
             if len(servers) == 2:

@@ -468,16 +468,11 @@ class ProfileRuntime:
                 result = await downstream.request(
                     "tools/call", params, context=call, on_progress=on_progress
                 )
-                if request.modern and "resultType" not in result:
-                    result = {**result, "resultType": "complete"}
-                outcome["result"] = result
+                outcome["result"] = _complete(result) if request.modern else result
             except DownstreamError as exc:
                 outcome["error"] = exc.to_json()
             except DownstreamGone:
-                outcome["error"] = {
-                    "code": INTERNAL_ERROR,
-                    "message": f"server {server.name!r} stopped while handling the request",
-                }
+                outcome["error"] = {"code": INTERNAL_ERROR, "message": _gone(server)}
             finally:
                 call.finish()
 
@@ -698,12 +693,19 @@ class ProfileRuntime:
         """Recompute the aggregated catalogue from the ready servers' cached lists."""
         tools: list[dict[str, Any]] = []
         prompts: list[dict[str, Any]] = []
+        routes: dict[str, tuple[ServerRuntime, str]] = {}
         for server in self._ready():
             if server.tool_names is not None:
                 for tool in server.tools:
                     suffix = server.tool_names.original_to_exposed.get(tool["name"])
-                    if suffix is not None:
-                        tools.append({**tool, "name": exposed_name(server.name, suffix)})
+                    if suffix is None:
+                        continue
+                    name = exposed_name(server.name, suffix)
+                    tools.append({**tool, "name": name})
+                    # A tool with x-mcp-header parameters has Mcp-Param-* headers for the
+                    # SDK to check against its arguments: it takes the SDK path.
+                    if _X_MCP_HEADER not in json.dumps(tool.get("inputSchema")):
+                        routes[name] = (server, tool["name"])
             if server.prompt_names is not None:
                 for prompt in server.prompts:
                     suffix = server.prompt_names.original_to_exposed.get(prompt["name"])
@@ -718,25 +720,8 @@ class ProfileRuntime:
             r for s in self._ready() for r in s.resources if owners.get(r["uri"]) == s.name
         ]
         templates = [t for s in self._ready() for t in s.templates]
-        self._tools, self._prompts = tools, prompts
-        self._fast_routes = self._routes_for_fast_path()
+        self._tools, self._prompts, self._fast_routes = tools, prompts, routes
         self._resources, self._templates, self._resource_owner = resources, templates, owners
-
-    def _routes_for_fast_path(self) -> dict[str, tuple[ServerRuntime, str]]:
-        routes: dict[str, tuple[ServerRuntime, str]] = {}
-        for server in self._ready():
-            if server.tool_names is None:
-                continue
-            for tool in server.tools:
-                suffix = server.tool_names.original_to_exposed.get(tool["name"])
-                if suffix is None:
-                    continue
-                # A tool with x-mcp-header parameters has Mcp-Param-* headers for the SDK
-                # to check against its arguments: it takes the SDK path.
-                if _X_MCP_HEADER in json.dumps(tool.get("inputSchema")):
-                    continue
-                routes[exposed_name(server.name, suffix)] = (server, tool["name"])
-        return routes
 
     # -- the SDK server's handlers ---------------------------------------------------------
 
@@ -835,9 +820,7 @@ class ProfileRuntime:
         except DownstreamError as exc:
             raise MCPError(exc.code, exc.message, exc.data) from None
         except DownstreamGone:
-            raise MCPError(
-                INTERNAL_ERROR, f"server {server.name!r} stopped while handling the request"
-            ) from None
+            raise MCPError(INTERNAL_ERROR, _gone(server)) from None
 
     async def _call_tool(self, ctx: Ctx, params: Any) -> dict[str, Any]:
         raw = dict(ctx.params or {})
@@ -1005,9 +988,15 @@ _LIST_CHANGED_NOTIFICATION: dict[str, Callable[[], Any]] = {
 
 def _shaped(ctx: Ctx, result: dict[str, Any]) -> dict[str, Any]:
     """Results on the 2026-07-28 wire need ``resultType``; downstreams speak older revisions."""
-    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and "resultType" not in result:
-        return {**result, "resultType": "complete"}
-    return result
+    return _complete(result) if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS else result
+
+
+def _complete(result: dict[str, Any]) -> dict[str, Any]:
+    return result if "resultType" in result else {**result, "resultType": "complete"}
+
+
+def _gone(server: ServerRuntime) -> str:
+    return f"server {server.name!r} stopped while handling the request"
 
 
 def _named(item: dict[str, Any]) -> bool:
