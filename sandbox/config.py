@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +60,9 @@ def probe_host(config: LauncherConfig) -> HostSetup:
     cgroups = (
         None if cg_host.mode == "none" else CgroupManager(cg_host, parent=config.cgroup_parent)
     )
-    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o711)
+    _make_dirs(config.state_dir)
     scratch = state.scratch_root(config.state_dir)
-    scratch.mkdir(exist_ok=True, mode=0o711)
+    _make_dirs(scratch)
     hostmod.check_traversable(scratch, identity.uid)
     return HostSetup(
         features=features,
@@ -69,3 +71,17 @@ def probe_host(config: LauncherConfig) -> HostSetup:
         cgroups=cgroups,
         seccomp_program=seccomp.compile_bpf(),
     )
+
+
+def _make_dirs(path: Path) -> None:
+    """``mkdir -p`` giving every directory it creates mode 0711 whatever the umask (systemd's
+    ``UMask=0077`` would make them 0700): bwrap opens bind sources below as the sandbox uid.
+    Existing directories keep the mode their owner gave them."""
+    missing: list[Path] = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o711)
+        os.chmod(directory, 0o711)  # noqa: S103 - searchable, not listable: see above

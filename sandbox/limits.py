@@ -16,8 +16,9 @@ exists but holds no controllers).
 The default parent is the cgroup the launcher itself is in, so sandboxes stay inside
 whatever limits the service manager gave the gateway. On v2 that cgroup normally holds the
 gateway's own processes, and the "no internal processes" rule forbids enabling controllers
-for children there: configure a delegated parent with no processes (systemd ``Delegate=yes``
-plus a sub-cgroup for the gateway itself; see docs/sandbox.md).
+for children there. When the gateway is the only process in it (systemd ``Delegate=yes``),
+the manager moves the gateway into a leaf ``<own>/gateway`` and delegates from its old
+cgroup; otherwise configure a delegated parent with no processes (see docs/sandbox.md).
 
 RLIMITs are not set here: the spawned command starts with util-linux ``prlimit``, which
 lowers its own limits and execs the rest (see :func:`sandbox.argv.rlimit_options`).
@@ -50,6 +51,8 @@ CgroupMode = Literal["v1", "v2", "none"]
 V1_CONTROLLERS = ("memory", "pids", "cpu")
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
+# v2: the leaf the gateway moves itself into when its own cgroup is the sandboxes' parent.
+GATEWAY_LEAF = "gateway"
 
 
 class CgroupError(RuntimeError):
@@ -246,6 +249,7 @@ class CgroupManager:
         None uses the cgroup the launcher runs in.
         """
         self.host = host
+        self._explicit_parent = parent is not None
         if host.mode == "v2":
             assert host.v2_mount is not None
             rel = parent if parent is not None else host.v2_own
@@ -269,13 +273,39 @@ class CgroupManager:
         missing = [c for c in V2_CONTROLLERS if c in available and c not in enabled]
         if not missing:
             return
+        for attempt in (1, 2):
+            try:
+                _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
+                return
+            except OSError as exc:
+                if attempt == 1 and exc.errno == errno.EBUSY and self._leave_own_cgroup():
+                    continue  # we were the process in the way; now in <own>/gateway
+                raise CgroupError(
+                    f"cannot enable {missing} for children of {parent}: {exc}. The parent must"
+                    " be a delegated cgroup with no processes of its own (see docs/sandbox.md)."
+                ) from exc
+
+    def _leave_own_cgroup(self) -> bool:
+        """Move this process into a leaf ``<own>/gateway`` so its own cgroup may delegate.
+
+        v2 refuses controllers for the children of a cgroup that holds processes. Under
+        systemd (``Delegate=yes``) the service's cgroup holds only the gateway, which moves
+        itself one level down (what systemd 254's ``DelegateSubgroup=`` does). Only when the
+        parent is our own cgroup and we are its only process; True if the move happened.
+        """
+        if self._explicit_parent:
+            return False
+        parent = self.parents[0][1]
+        if _read_pids(parent / "cgroup.procs") - {os.getpid()}:
+            return False  # someone else's processes (a login shell): not ours to move
+        leaf = parent / GATEWAY_LEAF
         try:
-            _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
-        except OSError as exc:
-            raise CgroupError(
-                f"cannot enable {missing} for children of {parent}: {exc}. The parent must be "
-                "a delegated cgroup with no processes of its own (see docs/sandbox.md)."
-            ) from exc
+            with contextlib.suppress(FileExistsError):
+                leaf.mkdir()
+            _write(leaf / "cgroup.procs", str(os.getpid()))
+        except OSError:
+            return False
+        return True
 
     def create(self, name: str, limits: ResourceLimits) -> Cgroup:
         """Make cgroup ``name`` with ``limits`` applied."""

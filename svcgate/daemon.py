@@ -4,7 +4,7 @@ Resource handling: ``run_daemon`` opens, in order, the HTTP client used for OIDC
 identity provider's discovery, the store, the egress audit sink (closed last: it writes
 every buffered egress decision before the store closes), and then the root nursery, which
 starts the sandbox supervisor (each sandbox with its egress listener), the operator control
-socket and the HTTP server, each with
+socket, the Prometheus listener (``SVC_METRICS_LISTEN``) and the HTTP server, each with
 ``nursery.start`` (ready before the next one starts). SIGTERM/SIGINT trigger Hypercorn's
 graceful shutdown: the listener closes, in-flight requests get up to ``GRACEFUL_TIMEOUT``
 seconds to finish (sandboxes keep running meanwhile); then the root nursery is cancelled,
@@ -19,6 +19,7 @@ unusable data directory, a host that cannot run sandboxes, a control socket in u
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import signal
 import stat
@@ -44,14 +45,18 @@ from svcgate.egress.ca import CAError, GatewayCA
 from svcgate.egress.local_addrs import own_addresses
 from svcgate.egress.service import EgressService, ca_directory
 from svcgate.front import Front
+from svcgate.health import Readiness, identity_provider_probe, store_probe
+from svcgate.logs import configure_logging
+from svcgate.metrics import Metrics, serve_metrics
 from svcgate.oidc import FlowRegistry, OidcClient, OidcError
-from svcgate.operator_socket import ControlSocketError, serve_control_socket
+from svcgate.operator_socket import ControlSocketError, OperatorContext, serve_control_socket
 from svcgate.registry.installed import InstalledCatalogue
 from svcgate.registry.installer import Installer, load_catalogue
 from svcgate.runtime import TEARDOWN_DEADLINE, RuntimeManager
+from svcgate.sdnotify import Notifier
 from svcgate.server_defs import ConfiguredServers
 from svcgate.settings import Settings
-from svcgate.store import Store, open_store
+from svcgate.store import Store, StoreOpenError, open_store
 from svcgate.supervisor import SandboxSupervisor, SupervisorConfig, SupervisorStartError
 from svcgate.vault import Vault, VaultError, load_key_file
 
@@ -123,7 +128,8 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                 configured_servers = ConfiguredServers(settings, catalogue)
                 ca, own = prepare_egress(settings)
                 try:
-                    async with open_audit_sink(store) as sink:
+                    metrics = Metrics()
+                    async with open_audit_sink(store, metrics) as sink:
                         egress = EgressService(
                             settings.egress,
                             store=store,
@@ -132,12 +138,13 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                             ca=ca,
                             server_rules=configured_servers.egress_rules,
                             own_addresses=own,
-                            self_ports=frozenset({settings.listen_port}),
+                            self_ports=_own_ports(settings),
                         )
                         supervisor = SandboxSupervisor(
                             SupervisorConfig(state_dir=settings.sandbox_dir), egress=egress
                         )
                         runtimes = RuntimeManager(store, supervisor, configured_servers)
+                        metrics.watch(runtimes, supervisor)
                         installer: Installer | None = None
                         if settings.registry is not None:
                             installer = Installer(
@@ -157,9 +164,32 @@ async def run_daemon(settings: Settings, *, on_ready: Callable[[list[str]], None
                         front = Front(
                             _api_app(settings, store, oidc, runtimes, vault, installer),
                             DataPlane(settings.bearer_token, store, runtimes, settings.mcp_origins),
+                            readiness=Readiness(
+                                store_probe(store.path),
+                                None
+                                if settings.oidc is None
+                                else identity_provider_probe(settings.oidc, http),
+                            ),
+                            metrics=metrics,
+                        )
+                        operator = OperatorContext(
+                            directory=supervisor,
+                            settings=settings,
+                            store=store,
+                            runtimes=runtimes,
+                            vault=vault,
+                            http=http,
                         )
                         await _serve_until_signal(
-                            front, settings, supervisor, runtimes, signals, on_ready, installer
+                            front,
+                            settings,
+                            supervisor,
+                            runtimes,
+                            signals,
+                            on_ready,
+                            installer,
+                            metrics=metrics,
+                            operator=operator,
                         )
                 except BaseExceptionGroup as group:
                     # A service that fails before it is ready fails inside a nursery.
@@ -238,6 +268,12 @@ def prepare_egress(settings: Settings) -> tuple[GatewayCA, frozenset[IPAddress]]
     return ca, own
 
 
+def _own_ports(settings: Settings) -> frozenset[int]:
+    """The gateway's listening ports: the egress proxy never relays a sandbox to them."""
+    metrics = settings.metrics_listen
+    return frozenset({settings.listen_port, *(() if metrics is None else (metrics[1],))})
+
+
 def _first_leaf(group: BaseExceptionGroup[StartupError]) -> StartupError:
     first = group.exceptions[0]
     return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
@@ -251,13 +287,18 @@ async def _serve_until_signal(
     signals: AsyncIterator[int],
     on_ready: Callable[[list[str]], None],
     installer: Installer | None = None,
+    *,
+    metrics: Metrics,
+    operator: OperatorContext | None = None,
 ) -> None:
     shutdown = trio.Event()
     served = trio.Event()
+    notifier = Notifier.from_env(os.environ)  # systemd Type=notify; a no-op elsewhere
 
     async def watch_signals() -> None:
         async for signum in signals:
             log.info("received %s: draining in-flight requests", signal.Signals(signum).name)
+            notifier.notify("STOPPING=1", "STATUS=draining in-flight requests")
             shutdown.set()
             return
 
@@ -284,11 +325,32 @@ async def _serve_until_signal(
             raise StartupError(f"sandboxes ({settings.sandbox_dir}): {exc}") from exc
         await nursery.start(runtimes.run)
         try:
-            await nursery.start(serve_control_socket, settings.control_socket, supervisor)
+            await nursery.start(
+                serve_control_socket, settings.control_socket, operator or supervisor
+            )
         except ControlSocketError as exc:
             raise StartupError(f"control socket: {exc}") from exc
+        if (listen := settings.metrics_listen) is not None:
+            # Stopped by the same trigger as the HTTP server, before the sandboxes go.
+            try:
+                metrics_urls = await nursery.start(
+                    partial(serve_metrics, listen, metrics, shutdown_trigger=shutdown.wait)
+                )
+                if operator is not None:
+                    operator.metrics_binds.extend(metrics_urls)  # for `svcgate status`
+            except* OSError as group:  # Hypercorn's bind error comes out of its nurseries
+                leaf: BaseException = group
+                while isinstance(leaf, BaseExceptionGroup):
+                    leaf = leaf.exceptions[0]
+                raise StartupError(
+                    f"SVC_METRICS_LISTEN: cannot listen on {listen[0]}:{listen[1]}"
+                    f" ({getattr(leaf, 'strerror', None) or leaf})"
+                ) from group
         binds = await nursery.start(partial(http_server))
+        if operator is not None:
+            operator.http_binds.extend(binds)  # for `svcgate status`
         on_ready(binds)
+        notifier.notify("READY=1", f"STATUS=serving on {' '.join(binds)}", f"MAINPID={os.getpid()}")
         if installer is not None and installer.settings.install_at_start:
             nursery.start_soon(installer.install_missing, installer.settings.install_at_start)
         await served.wait()
@@ -298,20 +360,15 @@ async def _serve_until_signal(
         nursery.cancel_scope.cancel()
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 def serve_settings(settings: Settings, on_ready: Callable[[list[str]], None]) -> int:
     """Run the daemon until a signal; return the process exit code."""
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, fmt=settings.log_format)
     try:
         trio.run(lambda: run_daemon(settings, on_ready=on_ready))
     except StartupError as exc:
         print(f"svcgate: {exc}", file=sys.stderr)
+        return 1
+    except StoreOpenError as exc:
+        print(f"svcgate: database: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -327,6 +327,9 @@ def _serve(
         "SVC_OIDC_REDIRECT_URL": f"{origin}/api/auth/callback",
         "SVC_PUBLIC_URL": origin,
     }
+    # Metrics only when asked for: a demo must not fail because a real gateway on this host
+    # already holds the default metrics port.
+    env["SVC_METRICS_LISTEN"] = os.environ.get("SVC_METRICS_LISTEN") or "off"
     # The sample legacy server, run inside a sandbox by the supervisor.
     env["SVC_ECHO_BIN"] = os.environ.get("SVC_ECHO_BIN") or str(_stage_echo_server(env))
     # One store per data directory: a gateway collects the images its database does not

@@ -63,6 +63,8 @@ from typing import Any, Protocol, TypeAlias
 
 import trio
 
+from svcgate.logs import REQUEST_ID
+
 log = logging.getLogger(__name__)
 
 #: Opaque per-request object supplied by the caller (a gateway session, say) and handed
@@ -128,10 +130,11 @@ class Hooks(Protocol):
 class _Pending:
     """One request in flight: what the reader delivers and how it wakes the caller."""
 
-    __slots__ = ("context", "error", "original_token", "progress", "result", "wakeup")
+    __slots__ = ("context", "error", "original_token", "progress", "request_id", "result", "wakeup")
 
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Context, request_id: str | None) -> None:
         self.context = context
+        self.request_id = request_id  # the gateway request's id, for log correlation
         self.wakeup = trio.Event()
         self.result: dict[str, Any] | None = None
         self.error: Exception | None = None
@@ -232,6 +235,15 @@ class Downstream:
             self._write_scope.cancel()
         self.closed.set()
 
+    def request_ids_in_flight(self) -> list[str]:
+        """The ids of the gateway requests (:data:`svcgate.logs.REQUEST_ID`) whose calls
+        wait for an answer right now, oldest first, each once."""
+        ids: list[str] = []
+        for entry in self._pending.values():
+            if entry.request_id is not None and entry.request_id not in ids:
+                ids.append(entry.request_id)
+        return ids
+
     def _gone_error(self) -> DownstreamGone:
         return DownstreamGone(f"downstream {self.name}: {self._gone}")
 
@@ -305,7 +317,7 @@ class Downstream:
             raise self._gone_error()
         request_id = self._next_id
         self._next_id += 1
-        entry = _Pending(context)
+        entry = _Pending(context, REQUEST_ID.get())
         if on_progress is not None and params is not None:
             meta = params.get("_meta")
             if isinstance(meta, dict) and meta.get("progressToken") is not None:

@@ -1,7 +1,9 @@
 """The HTTP front: one ASGI app that routes by path prefix, with SPEC's precedence.
 
-``/mcp/p/`` (per-profile data plane) and ``/api/`` (control plane) are matched first; ``/mcp``
-and every other path (the bare ``/`` catch-all) reach the legacy data-plane handler.
+``/healthz`` and ``/readyz`` (exact paths, :mod:`svcgate.health`) come first; then ``/mcp/p/``
+(per-profile data plane) and ``/api/`` (control plane); ``/mcp`` and every other path (the
+bare ``/`` catch-all) reach the legacy data-plane handler. Every request is counted and timed
+by its surface (:meth:`svcgate.metrics.Metrics.observe_request`).
 
 The control-plane body limit is enforced here, before the framework sees the request: a
 declared ``Content-Length`` over the limit is refused at once, and a chunked body is counted
@@ -12,8 +14,11 @@ inflated. The response to an oversized body closes the connection.
 
 from __future__ import annotations
 
+from functools import partial
+
 import trio
 
+from svcgate import health
 from svcgate.asgi_io import (
     ASGIApp,
     Message,
@@ -26,6 +31,9 @@ from svcgate.asgi_io import (
 )
 from svcgate.data_plane import DataPlane
 from svcgate.errors import envelope
+from svcgate.health import HEALTH_PATHS, Readiness
+from svcgate.logs import REQUEST_ID, REQUEST_ID_HEADER, echoing_request_id, request_id_from_header
+from svcgate.metrics import Metrics
 from svcgate.settings import OIDC_CORE_VARS
 
 MAX_BODY = 64 * 1024
@@ -95,9 +103,18 @@ def _shielded(send: Send) -> Send:
 
 
 class Front:
-    def __init__(self, api: ASGIApp | None, data_plane: DataPlane) -> None:
+    def __init__(
+        self,
+        api: ASGIApp | None,
+        data_plane: DataPlane,
+        *,
+        readiness: Readiness,
+        metrics: Metrics,
+    ) -> None:
         self._api = api
         self._data_plane = data_plane
+        self._readiness = readiness
+        self._metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -108,13 +125,23 @@ class Front:
             # No websocket surface: refuse the handshake.
             await send({"type": "websocket.close", "code": 1008})
             return
+        # One id per request, in every log record made while handling it and in the response
+        # (svcgate.logs). Never reset: Hypercorn runs each request in a task of its own, whose
+        # own error line for a failed request then carries the id as well.
+        request_id = request_id_from_header(header(scope, REQUEST_ID_HEADER))
+        REQUEST_ID.set(request_id)
+        send = echoing_request_id(send, request_id)
         path: str = scope["path"]
-        if path.startswith("/mcp/p/"):
-            await self._data_plane.profile(scope, receive, send)
+        route: ASGIApp
+        if path in HEALTH_PATHS:
+            route, surface = partial(health.respond, self._readiness, path), "health"
+        elif path.startswith("/mcp/p/"):
+            route, surface = self._data_plane.profile, "mcp_profile"
         elif path == "/api" or path.startswith("/api/"):
-            await self._control_plane(scope, receive, send)
+            route, surface = self._control_plane, "api"
         else:
-            await self._data_plane.legacy(scope, receive, send)
+            route, surface = self._data_plane.legacy, "mcp_legacy"
+        await self._metrics.observe_request(surface, route, scope, receive, send)
 
     async def _control_plane(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._api is None:

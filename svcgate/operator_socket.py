@@ -1,20 +1,49 @@
-"""The operator control socket: a root-only local unix socket for ``svcgate netns|sandbox``.
+"""The operator control socket: a root-only local unix socket for the ``svcgate`` operator
+commands (:mod:`svcgate.operator_cli`).
 
 Served by the daemon's root nursery, never by the public listener. Protocol: one JSON object
-per line in each direction; a connection may carry several requests.
+per line in each direction; a connection may carry several requests. What each command does
+is in :mod:`svcgate.operator_commands` and :mod:`svcgate.operator_records`; docs/api.md
+("Operator CLI") has the result shapes.
 
-=================  =====================================  =================================
-request ``cmd``    other fields                           ``result``
-=================  =====================================  =================================
-``sandbox.ps``     —                                      list of sandboxes (runtime info)
-``netns.ls``       —                                      list of namespaces with owners
-``sandbox.logs``   ``profile`` (slug or id), ``server``,  ``{"profile", "server", "lines"}``
-                   optional ``lines`` (1-10000)           (the stderr ring buffer)
-=================  =====================================  =================================
+==================  ==========================================  ================================
+request ``cmd``     other fields                                ``result``
+==================  ==========================================  ================================
+``sandbox.ps``      —                                           list of sandboxes (runtime info)
+``netns.ls``        —                                           list of namespaces with owners
+``sandbox.logs``    ``profile`` (slug or id), ``server``,       ``{"profile", "server", "lines"}``
+                    optional ``lines`` (1-10000)                (the stderr ring buffer)
+``netns.inspect``   ``name``                                    ``{"namespace", "sandbox",
+                                                                "interfaces", "routes",
+                                                                "egress"}``
+``sandbox.kill``    ``profile``, ``server``                     ``{"profile", "server",
+                                                                "killed_pid", "restarted",
+                                                                "state", "error", "pid"}``
+``profile.warm``    ``profile``                                 ``{"profile", "state",
+                                                                "servers", "seconds"}``
+``profile.cold``    ``profile``                                 ``{"profile", "was", "state",
+                                                                "stopped"}``
+``status``          —                                           version, pid, uptime,
+                                                                listeners, OIDC, registry,
+                                                                counts, schema version
+``db.info``         —                                           ``{"path", "schema_version"}``
+``audit.tail``      optional ``limit`` (1-1000, default 20),    ``{"events", "cursor"}``
+                    ``after`` (an audit id), ``kind``
+``vault.status``    —                                           ``{"active", "fingerprints",
+                                                                "credentials"}``
+``vault.rotate``    one file descriptor (``SCM_RIGHTS``): the   ``{"version", "rewrapped",
+                    key file, open read-only                    "retired"}``
+==================  ==========================================  ================================
 
 Every response is ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": {"code": ..., "message": ...}}`` with code ``bad_request``,
-``unknown_command``, ``not_found``, ``forbidden`` (a peer that is not root) or ``internal``.
+``unknown_command``, ``not_found``, ``start_failed``, ``unavailable``, ``timeout``,
+``forbidden`` (a peer that is not root) or ``internal``.
+
+File descriptors: the socket reads with ``recvmsg`` and keeps descriptors passed with
+``SCM_RIGHTS`` (at most :data:`MAX_FDS` per message, received close-on-exec) for the request
+whose line they arrived with; every one is closed once that request is answered. Only
+``vault.rotate`` uses one: key bytes never travel in the JSON lines.
 
 Access control: the socket file is created with mode 0600 owned by the daemon's user (bound
 in a private 0700 directory and renamed into place, so it is never reachable with looser
@@ -23,9 +52,11 @@ daemon's own uid.
 
 Resource handling:
     :func:`serve_control_socket` binds, reports the path through ``task_status``, and serves
-    clients in its own nursery. Each client has an idle deadline and a bounded request size.
-    On cancellation the listener and every client connection close, and the socket file is
-    removed if it is still ours (same inode).
+    clients in its own nursery. Each client has an idle deadline for reading a request and
+    for writing an answer, a bounded request size, and :data:`ANSWER_TIMEOUT` per answer
+    (warming a profile or re-wrapping every credential takes a while). On cancellation the
+    listener and every client connection close, received descriptors are closed, and the
+    socket file is removed if it is still ours (same inode).
 
 Error handling:
     A socket path that is in use by a live daemon, or exists and is not a socket, raises
@@ -37,7 +68,7 @@ Error handling:
 
 from __future__ import annotations
 
-import builtins
+import array
 import contextlib
 import json
 import logging
@@ -46,20 +77,42 @@ import socket
 import stat
 import struct
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
-from svcgate.supervisor import SandboxInfo, SandboxKey, SandboxNotFound
+from svcgate import operator_records as records
+from svcgate.operator_commands import (
+    Command,
+    OperatorContext,
+    RequestError,
+    SandboxDirectory,
+    netns_inspect,
+    netns_ls,
+    profile_cold,
+    profile_warm,
+    sandbox_kill,
+    sandbox_logs,
+    sandbox_ps,
+)
+
+__all__ = [
+    "ControlSocketError",
+    "OperatorContext",
+    "SandboxDirectory",
+    "bind_control_socket",
+    "serve_control_socket",
+]
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 * 1024
 IDLE_TIMEOUT = 30.0
-MAX_LOG_LINES = 10_000
+ANSWER_TIMEOUT = 600.0
+MAX_FDS = 4
+_FD_SPACE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 _PEERCRED = struct.Struct("3i")
 # sun_path holds 108 bytes including the terminating NUL.
 MAX_SUN_PATH = 107
@@ -69,85 +122,43 @@ class ControlSocketError(Exception):
     """The control socket cannot be served; ``str()`` is one line for the operator."""
 
 
-class SandboxDirectory(Protocol):
-    """What the control socket asks of the sandbox supervisor."""
-
-    async def list(self) -> builtins.list[SandboxInfo]: ...
-
-    def find(self, profile: str, server: str) -> SandboxKey: ...
-
-    async def logs(self, key: SandboxKey, n: int | None = None) -> builtins.list[str]: ...
-
-
-class RequestError(Exception):
-    """A request the socket refuses; ``code`` goes into the error response."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+COMMANDS: dict[str, Command] = {
+    "status": records.status,
+    "netns.ls": netns_ls,
+    "netns.inspect": netns_inspect,
+    "sandbox.ps": sandbox_ps,
+    "sandbox.logs": sandbox_logs,
+    "sandbox.kill": sandbox_kill,
+    "profile.warm": profile_warm,
+    "profile.cold": profile_cold,
+    "db.info": records.db_info,
+    "audit.tail": records.audit_tail,
+    "vault.status": records.vault_status,
+    "vault.rotate": records.vault_rotate,
+}
 
 
-def _age(info: SandboxInfo, now: float) -> float | None:
-    return None if info.started_at is None else round(max(0.0, now - info.started_at), 3)
-
-
-def _string_field(request: dict[str, Any], name: str) -> str:
-    value = request.get(name)
-    if not isinstance(value, str) or not value:
-        raise RequestError("bad_request", f"{name!r} must be a non-empty string")
-    return value
-
-
-async def answer(request: object, directory: SandboxDirectory, now: float) -> Any:
+async def answer(request: object, context: OperatorContext, fds: list[int]) -> Any:
     """The ``result`` for one parsed request; raises :class:`RequestError` for bad input."""
     if not isinstance(request, dict) or not isinstance(request.get("cmd"), str):
         raise RequestError("bad_request", 'a request is a JSON object with a "cmd" string')
-    cmd = request["cmd"]
-    if cmd == "sandbox.ps":
-        infos = await directory.list()
-        return [{**info.to_json(), "age_seconds": _age(info, now)} for info in infos]
-    if cmd == "netns.ls":
-        return [
-            {
-                "namespace": info.namespace,
-                "profile_id": info.profile_id,
-                "profile_slug": info.profile_slug,
-                "server": info.server,
-                "owner_user_id": info.owner_user_id,
-                "pid": info.pid,
-                "state": info.state,
-                "egress_listener": info.egress_listener,
-                "egress_connections": info.egress_connections,
-                "started_at": info.started_at,
-                "age_seconds": _age(info, now),
-            }
-            for info in await directory.list()
-            if info.namespace is not None
-        ]
-    if cmd == "sandbox.logs":
-        profile, server = _string_field(request, "profile"), _string_field(request, "server")
-        lines = request.get("lines")
-        if lines is not None and (
-            not isinstance(lines, int) or isinstance(lines, bool) or not 1 <= lines <= MAX_LOG_LINES
-        ):
-            raise RequestError("bad_request", f"'lines' must be an integer 1-{MAX_LOG_LINES}")
-        try:
-            key = directory.find(profile, server)
-            tail = await directory.logs(key, lines)
-        except SandboxNotFound as exc:
-            raise RequestError("not_found", str(exc)) from exc
-        return {"profile": profile, "server": server, "lines": tail}
-    raise RequestError("unknown_command", f"unknown command {cmd!r}")
+    command = COMMANDS.get(request["cmd"])
+    if command is None:
+        raise RequestError("unknown_command", f"unknown command {request['cmd']!r}")
+    return await command(context, request, fds)
 
 
-async def respond(line: bytes, directory: SandboxDirectory) -> dict[str, Any]:
+async def respond(line: bytes, context: OperatorContext, fds: list[int]) -> dict[str, Any]:
     """The full response object for one request line."""
     try:
         try:
             request = json.loads(line)
         except ValueError as exc:
             raise RequestError("bad_request", "the request is not valid JSON") from exc
-        return {"ok": True, "result": await answer(request, directory, time.time())}
+        with trio.move_on_after(ANSWER_TIMEOUT) as deadline:
+            return {"ok": True, "result": await answer(request, context, fds)}
+        assert deadline.cancelled_caught
+        raise RequestError("timeout", f"no answer within {ANSWER_TIMEOUT:g} s")
     except RequestError as exc:
         return {"ok": False, "error": {"code": exc.code, "message": str(exc)}}
     except Exception:  # one request's bug must not end the connection or the server
@@ -173,17 +184,36 @@ class _LineTooLong(Exception):
     pass
 
 
+def _close_all(fds: list[int]) -> None:
+    while fds:
+        with contextlib.suppress(OSError):
+            os.close(fds.pop())
+
+
 class _LineReader:
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
-        self._stream = stream
+    """Request lines, and the descriptors passed with them (``recvmsg``: a plain ``recv``
+    would make the kernel drop them)."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
         self._buffer = bytearray()
+        self.fds: list[int] = []
+
+    async def _receive(self) -> bytes:
+        data, ancillary, _, _ = await self._sock.recvmsg(65536, _FD_SPACE, socket.MSG_CMSG_CLOEXEC)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                self.fds.extend(fds)
+        return data
 
     async def readline(self) -> bytes | None:
         """The next line without its newline; None at EOF."""
         while (newline := self._buffer.find(b"\n")) < 0:
             if len(self._buffer) > MAX_REQUEST_BYTES:
                 raise _LineTooLong
-            chunk = await self._stream.receive_some(65536)
+            chunk = await self._receive()
             if not chunk:
                 return None
             self._buffer += chunk
@@ -192,26 +222,36 @@ class _LineReader:
         return line
 
 
-async def _serve_client(directory: SandboxDirectory, stream: trio.SocketStream) -> None:
+async def _serve_client(context: OperatorContext, stream: trio.SocketStream) -> None:
+    reader = _LineReader(stream.socket)
     async with stream:
         try:
             if not _peer_allowed(stream):
                 await stream.send_all(_error("forbidden", "the control socket is root-only"))
                 return
-            reader = _LineReader(stream)
             while True:
-                # Each request (read, answer, write) gets the idle deadline; then we hang up.
-                with trio.move_on_after(IDLE_TIMEOUT) as idle:
+                line: bytes | None = None
+                with trio.move_on_after(IDLE_TIMEOUT):
                     line = await reader.readline()
-                    if line is not None and line.strip():
-                        await stream.send_all(_encode(await respond(line, directory)))
-                if line is None or idle.cancelled_caught:
+                if line is None:
+                    return  # EOF, or idle for too long: hang up
+                if not line.strip():
+                    continue
+                try:
+                    response = await respond(line, context, reader.fds)
+                finally:
+                    _close_all(reader.fds)
+                with trio.move_on_after(IDLE_TIMEOUT) as write:
+                    await stream.send_all(_encode(response))
+                if write.cancelled_caught:
                     return
         except _LineTooLong:
             with trio.move_on_after(IDLE_TIMEOUT):
                 await stream.send_all(_error("bad_request", "request line too long"))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             return  # the client went away
+        finally:
+            _close_all(reader.fds)
 
 
 def _socket_in_use(path: Path) -> bool:
@@ -291,11 +331,17 @@ def _remove_if_ours(path: Path, ident: tuple[int, int]) -> None:
 
 async def serve_control_socket(
     path: Path,
-    directory: SandboxDirectory,
+    context: OperatorContext | SandboxDirectory,
     *,
     task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the control socket at ``path`` until cancelled; see the module docstring."""
+    """Serve the control socket at ``path`` until cancelled; see the module docstring.
+
+    ``context`` may be a bare sandbox directory (the supervisor): then only the commands
+    about sandboxes and namespaces are served, the others answer ``unavailable``.
+    """
+    if not isinstance(context, OperatorContext):
+        context = OperatorContext(directory=context)
     sock, ident = bind_control_socket(path)
     try:
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
@@ -308,7 +354,7 @@ async def serve_control_socket(
             await nursery.start(
                 partial(
                     trio.serve_listeners,
-                    partial(_serve_client, directory),
+                    partial(_serve_client, context),
                     [listener],
                     handler_nursery=nursery,
                 )

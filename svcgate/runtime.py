@@ -68,6 +68,7 @@ from svcgate import audit, fastpath
 from svcgate import servers as server_catalogue
 from svcgate.asgi_io import Receive, Scope, Send
 from svcgate.downstream import Downstream, DownstreamError, DownstreamGone
+from svcgate.logs import detach_request
 from svcgate.naming import NameMap, exposed_name, map_names, resolve_resources, split_exposed
 from svcgate.registry.index import ToolPin
 from svcgate.registry.toolpins import Withheld, check_tools
@@ -80,6 +81,8 @@ from svcgate.supervisor import (
 )
 
 log = logging.getLogger(__name__)
+# One INFO record per call relayed to a server (svcgate.logs adds the request id).
+relay_log = logging.getLogger("svcgate.relay")
 
 LEGACY_PROFILE_ID = 0
 CLIENT_INFO = {"name": "svcgate", "version": "0.1.0"}
@@ -178,6 +181,9 @@ class ServerRuntime:
     refreshing: set[str] = field(default_factory=set)
     # (tool, hash) pairs already audited as withheld by this runtime.
     reported: set[tuple[str, str]] = field(default_factory=set)
+    # The sandbox serving it (for the relay log).
+    sandbox: str | None = None
+    pid: int | None = None
 
     def listed_kinds(self) -> list[str]:
         """The lists the gateway keeps for this server: tools, and what it declares."""
@@ -464,17 +470,22 @@ class ProfileRuntime:
         outcome: dict[str, Any] = {}
 
         async def invoke() -> None:
+            started, ended, code = time.perf_counter(), "cancelled", None
             try:
                 result = await downstream.request(
                     "tools/call", params, context=call, on_progress=on_progress
                 )
                 outcome["result"] = _complete(result) if request.modern else result
+                ended = "tool_error" if result.get("isError") is True else "ok"
             except DownstreamError as exc:
                 outcome["error"] = exc.to_json()
+                ended, code = "error", exc.code
             except DownstreamGone:
                 outcome["error"] = {"code": INTERNAL_ERROR, "message": _gone(server)}
+                ended = "gone"
             finally:
                 call.finish()
+                self._log_relay(server, "tools/call", original, ended, started, code)
 
         gone = False
 
@@ -541,6 +552,8 @@ class ProfileRuntime:
                 _ServerHooks(self, server),
             )
             server.downstream = downstream
+            server.sandbox, server.pid = handle.name, handle.pid
+            handle.correlate_stderr(downstream.request_ids_in_flight)
             assert self._nursery is not None
             await self._nursery.start(self._serve_downstream, server, downstream)
             result = await downstream.initialize(
@@ -812,15 +825,53 @@ class ProfileRuntime:
                 except Exception as exc:  # noqa: BLE001  # a gone client must not fail the call
                     log.debug("progress not delivered: %s", exc)
 
+        started, ended, code = time.perf_counter(), "cancelled", None
         try:
             result = await server.downstream.request(
                 method, params, context=ctx, on_progress=on_progress
             )
+            ended = "tool_error" if result.get("isError") is True else "ok"
             return _shaped(ctx, result)
         except DownstreamError as exc:
+            ended, code = "error", exc.code
             raise MCPError(exc.code, exc.message, exc.data) from None
         except DownstreamGone:
+            ended = "gone"
             raise MCPError(INTERNAL_ERROR, _gone(server)) from None
+        finally:
+            name = params.get("name") if method in _NAMED_CALLS else None
+            self._log_relay(server, method, name, ended, started, code)
+
+    def _log_relay(
+        self,
+        server: ServerRuntime,
+        method: str,
+        name: Any,
+        ended: str,
+        started: float,
+        code: int | None,
+    ) -> None:
+        """The relay record of one call: where it went, how it ended (``ok``,
+        ``tool_error``, ``error`` with ``error_code``, ``gone``, ``cancelled``) and how long
+        the server took; never its arguments or its result."""
+        if not relay_log.isEnabledFor(logging.INFO):
+            return
+        extra: dict[str, Any] = {
+            "profile": self.target.slug,
+            "server": server.name,
+            "sandbox": server.sandbox,
+            "pid": server.pid,
+            "method": method,
+            "outcome": ended,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+        }
+        if code is not None:
+            extra["error_code"] = code
+        if isinstance(name, str):
+            extra[_NAMED_CALLS[method]] = name
+            relay_log.info("%s %s: %s", method, name, ended, extra=extra)
+        else:
+            relay_log.info("%s: %s", method, ended, extra=extra)
 
     async def _call_tool(self, ctx: Ctx, params: Any) -> dict[str, Any]:
         raw = dict(ctx.params or {})
@@ -901,6 +952,41 @@ class ProfileRuntime:
         """The bundle is going away: every list changes."""
         await self._broadcast("tools", "prompts", "resources")
 
+    async def restart_server(self, name: str) -> ServerRuntime:
+        """Stop the sandbox of ``name`` and start a fresh one (``svcgate sandbox kill``).
+
+        The other servers keep running. The new start runs in the runtime's nursery, so a
+        teardown meanwhile stops it with the rest; calls to the server's tools fail until it
+        is ready again. Raises :class:`RuntimeClosed` if the runtime is gone. Callers
+        serialise restarts of one server (the operator socket does).
+        """
+        nursery = self._nursery
+        if self.closed or nursery is None:
+            raise RuntimeClosed
+        old = self.servers[name]
+        fresh = ServerRuntime(name, self._resolver.resolve(name))
+        self.servers[name] = fresh
+        self._rebuild()  # the old server's tools leave the lists and the fast path
+        if old.downstream is not None:
+            await old.downstream.close()
+        await self._supervisor.stop(SandboxKey(self.target.profile_id, name))
+        if self.closed:
+            raise RuntimeClosed  # torn down meanwhile: its sandboxes are going anyway
+        started = trio.Event()
+
+        async def start() -> None:
+            try:
+                await self._start_server(fresh)
+            finally:
+                started.set()
+
+        nursery.start_soon(start)
+        await started.wait()
+        if not self.closed:
+            self._rebuild()
+            await self._broadcast("tools", "prompts", "resources")
+        return fresh
+
     async def _broadcast(self, *kinds: str) -> None:
         """Tell every handshake session that listed something that these lists changed."""
         for session_id, session in list(self._listeners.items()):
@@ -974,6 +1060,8 @@ class ProfileRuntime:
         )
 
 
+# Relayed methods whose ``name`` parameter the relay log records, and under which field.
+_NAMED_CALLS = {"tools/call": "tool", "prompts/get": "prompt"}
 _LIST_CHANGED = {
     "notifications/tools/list_changed": "tools",
     "notifications/prompts/list_changed": "prompts",
@@ -1082,6 +1170,8 @@ class RuntimeManager:
         return entry
 
     async def _own(self, entry: _Entry) -> None:
+        # Started by a request, the runtime (and its sandboxes) outlives it and serves others.
+        detach_request()
         target = entry.target
         try:
             with entry.scope:
@@ -1147,6 +1237,19 @@ class RuntimeManager:
     async def close(self) -> None:
         """Tear down every runtime (gateway shutdown, before the sandbox supervisor stops)."""
         await self.invalidate(list(self._entries), reason="gateway shutting down", restart=False)
+
+    def counts(self) -> dict[str, int]:
+        """How many runtimes are ``warm`` and ``starting`` (``svcgate status``)."""
+        warm = sum(1 for pid in self._entries if self.warm(pid) is not None)
+        return {"warm": warm, "starting": len(self._entries) - warm}
+
+    async def restart_server(self, profile_id: int, server: str) -> dict[str, Any] | None:
+        """Restart ``server`` in the warm runtime of ``profile_id`` (``sandbox kill``) and
+        return its status; None when no warm runtime runs that server."""
+        runtime = self.warm(profile_id)
+        if runtime is None or server not in runtime.servers:
+            return None
+        return (await runtime.restart_server(server)).status(detail=True)
 
     def status(self, profile_id: int, *, detail: bool) -> dict[str, Any]:
         """``{"state": "cold"|"starting"|"warm", "servers": [...]}`` for the API."""

@@ -28,6 +28,8 @@ from svcgate.registry.config import (
 from svcgate.servers import LEGACY_SERVER
 
 DEFAULT_LISTEN = "0.0.0.0:8080"  # the product listens on all interfaces by default (SPEC)
+# Metrics stay on loopback unless the operator opens them (docs/observability.md).
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 DEFAULT_ADMIN_ROLE = "svc-admin"
 DEFAULT_SESSION_TTL = "168h"
 DEFAULT_DATA_DIR = "svcgate-data"
@@ -78,6 +80,8 @@ class Settings:
     # The operator control socket (root-only unix socket).
     control_socket: Path
     log_level: str = "INFO"
+    # SVC_LOG_FORMAT: "auto" (JSON into the systemd journal, text elsewhere), "json", "text".
+    log_format: str = "auto"
     # Operator-defined servers (SVC_SERVERS_FILE), by name.
     local_servers: Mapping[str, LocalServer] = field(default_factory=dict)
     # Extra origins allowed to call the MCP endpoints (SVC_MCP_ALLOWED_ORIGINS).
@@ -88,6 +92,8 @@ class Settings:
     registry: RegistrySettings | None = None
     # Unpacked images of installed servers (SVC_IMAGE_DIR).
     image_dir: Path = Path(DEFAULT_IMAGE_DIR)
+    # The Prometheus listener (SVC_METRICS_LISTEN); None: no metrics listener.
+    metrics_listen: tuple[str, int] | None = ("127.0.0.1", 9464)
 
     @property
     def mcp_origins(self) -> tuple[str, ...]:
@@ -104,15 +110,25 @@ class Settings:
         return self.public_origin is not None and self.public_origin.startswith("https://")
 
 
-def _parse_listen(value: str) -> tuple[str, int]:
+def _parse_listen(value: str, variable: str = "SVC_LISTEN") -> tuple[str, int]:
     match = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^:\[\]]*):(\d{1,5})", value)
     if match is None:
-        raise SettingsError("SVC_LISTEN", f"expected HOST:PORT or [IPV6]:PORT, got {value!r}")
+        raise SettingsError(variable, f"expected HOST:PORT or [IPV6]:PORT, got {value!r}")
     host = match.group(1) or match.group(3) or "0.0.0.0"  # noqa: S104 - ":8080" means all interfaces
     port = int(match.group(2) or match.group(4))
     if port > 65535:
-        raise SettingsError("SVC_LISTEN", f"port {port} is out of range")
+        raise SettingsError(variable, f"port {port} is out of range")
     return host, port
+
+
+def _parse_metrics_listen(value: str, public: tuple[str, int]) -> tuple[str, int] | None:
+    """``SVC_METRICS_LISTEN``: HOST:PORT like SVC_LISTEN, or ``off``."""
+    if value.strip().lower() == "off":
+        return None
+    listen = _parse_listen(value or DEFAULT_METRICS_LISTEN, "SVC_METRICS_LISTEN")
+    if listen[1] == public[1] and listen[1] != 0:
+        raise SettingsError("SVC_METRICS_LISTEN", f"port {listen[1]} is SVC_LISTEN's port")
+    return listen
 
 
 def _parse_http_url(variable: str, value: str) -> tuple[str, str, str]:
@@ -179,6 +195,13 @@ def _parse_oidc(env: Mapping[str, str]) -> OidcSettings | None:
         )
     if secret_file:
         secret = _read_secret_file("SVC_OIDC_CLIENT_SECRET_FILE", secret_file)
+    elif not secret:
+        # systemd's LoadCredential=oidc-client-secret:... (see docs/systemd.md); like the
+        # vault key, an explicit variable wins over the credential.
+        credentials_dir = env.get("CREDENTIALS_DIRECTORY", "")
+        credential = Path(credentials_dir, "oidc-client-secret")
+        if credentials_dir and credential.exists():
+            secret = _read_secret_file("$CREDENTIALS_DIRECTORY/oidc-client-secret", str(credential))
     return OidcSettings(
         issuer=issuer,
         client_id=client_id,
@@ -242,6 +265,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError("SVC_BEARER_TOKEN", "must not contain spaces or control characters")
 
     host, port = _parse_listen(env.get("SVC_LISTEN", "") or DEFAULT_LISTEN)
+    metrics_listen = _parse_metrics_listen(env.get("SVC_METRICS_LISTEN", ""), (host, port))
 
     data_dir = data_dir_from_env(env)
     if data_dir.exists() and not data_dir.is_dir():
@@ -314,6 +338,9 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     log_level = (env.get("SVC_LOG_LEVEL", "") or "INFO").upper()
     if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise SettingsError("SVC_LOG_LEVEL", "must be one of DEBUG, INFO, WARNING, ERROR")
+    log_format = (env.get("SVC_LOG_FORMAT", "") or "auto").lower()
+    if log_format not in ("auto", "json", "text"):
+        raise SettingsError("SVC_LOG_FORMAT", "must be one of auto, json, text")
     try:
         egress = egress_settings_from_env(env)
     except EgressConfigError as exc:
@@ -339,9 +366,11 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         sandbox_dir=sandbox_dir,
         control_socket=control_socket,
         log_level=log_level,
+        log_format=log_format,
         local_servers=local_servers,
         mcp_allowed_origins=tuple(mcp_allowed_origins),
         egress=egress,
         registry=registry,
         image_dir=image_dir,
+        metrics_listen=metrics_listen,
     )

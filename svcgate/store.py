@@ -1,7 +1,8 @@
 """SQLite state store: one writer connection, a small pool of readers, WAL.
 
 Resource handling: :func:`open_store` is an async context manager that opens the database,
-applies migrations, and closes every connection on exit. Writes go through one connection
+applies migrations (:func:`migrate`: forward-only, all pending ones in one transaction), and
+closes every connection on exit. Writes go through one connection
 behind ``CapacityLimiter(1)``; reads use a pool of read-only connections behind their own
 limiter. Blocking sqlite calls always run in worker threads (DESIGN.md rule 5).
 
@@ -10,14 +11,16 @@ rolls the whole transaction back, so a change and the audit row that records it 
 together or not at all (THREATS.md G1). ``synchronous=FULL`` makes acknowledged writes
 durable across power loss (G3); ``busy_timeout`` absorbs lock contention with an operator
 CLI or backup (G4). Calls are not abandoned on cancellation: a transaction that started
-finishes (commit or rollback) before the cancellation is delivered.
+finishes (commit or rollback) before the cancellation is delivered. A database that cannot be
+opened or migrated raises :class:`StoreOpenError` (:class:`MigrationError` for a failed or
+too-new schema) with one line for the operator, and is left untouched.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -52,18 +55,65 @@ def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     return conn
 
 
-def migrate(conn: sqlite3.Connection) -> int:
-    """Apply pending migrations; return the resulting schema version."""
+class StoreOpenError(Exception):
+    """The database cannot be opened; ``str()`` is one line for the operator."""
+
+
+class MigrationError(StoreOpenError):
+    """The schema cannot be brought up to date; the database is left as it was."""
+
+
+def statements(script: str) -> list[str]:
+    """Split a migration script into complete SQL statements (``sqlite3.complete_statement``)."""
+    found: list[str] = []
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            found.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"incomplete SQL statement at the end of a migration: {pending!r}")
+    return found
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[str] = MIGRATIONS) -> int:
+    """Apply pending migrations; return the resulting schema version.
+
+    Forward-only: a database newer than ``migrations`` is refused. Every pending migration
+    and the version bump run in **one** transaction, so a failing migration (at any step)
+    rolls back to the version the database had: it is left exactly as it was.
+    Raises :class:`MigrationError`.
+    """
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if version > len(MIGRATIONS):
-        raise RuntimeError(
-            f"database schema version {version} is newer than this svcgate ({len(MIGRATIONS)})"
+    target = len(migrations)
+    if version > target:
+        raise MigrationError(
+            f"the database has schema version {version}, newer than this svcgate's {target}:"
+            " run the svcgate version that wrote it, or restore a backup taken before the upgrade"
         )
-    for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-        # executescript commits implicitly, so the script and the version bump go in one
-        # explicit transaction written out as SQL.
-        conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
-    return len(MIGRATIONS)
+    if version == target:
+        return target
+    number = version
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for offset, script in enumerate(migrations[version:]):
+            number = version + 1 + offset
+            for statement in statements(script):
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version = {target}")
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        conn.execute("ROLLBACK")
+        raise MigrationError(
+            f"schema migration {number} failed ({type(exc).__name__}: {exc}); the database"
+            f" is unchanged at schema version {version}"
+        ) from exc
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return target
 
 
 class Store:
@@ -130,9 +180,15 @@ async def open_store(path: Path) -> AsyncIterator[Store]:
     os.chmod(path, 0o600)
 
     def _open() -> sqlite3.Connection:
-        conn = _connect(path, readonly=False)
+        try:
+            conn = _connect(path, readonly=False)
+        except sqlite3.Error as exc:
+            raise StoreOpenError(f"cannot open {path} ({exc})") from exc
         try:
             migrate(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise StoreOpenError(f"cannot read the schema version of {path} ({exc})") from exc
         except BaseException:
             conn.close()
             raise

@@ -59,6 +59,7 @@ import trio
 from sandbox import LauncherConfig, SandboxSpec, open_launcher
 from sandbox.instance import Sandbox
 from sandbox.launcher import Launcher, Prepare
+from sandbox.stderr_log import InFlight, StderrLog
 
 log = logging.getLogger(__name__)
 
@@ -202,9 +203,20 @@ class SandboxHandle:
         self.started_at = started_at
         self._sandbox = sandbox
         self._released = released
+        # Its stderr records name the profile and server (the sandbox's own name is there).
+        self._stderr().annotate(profile=owner.profile_slug, server=key.server)
 
     def __repr__(self) -> str:
         return f"<SandboxHandle {self.key} {self._sandbox.name} pid={self._sandbox.pid}>"
+
+    def _stderr(self) -> StderrLog:
+        # Sandbox has no public accessor for its StderrLog; it is the launcher's object.
+        return self._sandbox._log
+
+    def correlate_stderr(self, in_flight: InFlight | None) -> None:
+        """Tag each stderr line (log record and ring buffer) with the request ids
+        ``in_flight()`` returns when the line arrives (see :mod:`sandbox.stderr_log`)."""
+        self._stderr().correlate(in_flight)
 
     @property
     def name(self) -> str:
@@ -327,6 +339,7 @@ class SandboxSupervisor:
         self._entries: dict[SandboxKey, _Entry] = {}
         self._nursery: trio.Nursery | None = None
         self._launcher: Launcher | None = None
+        self.spawn_failures = 0  # sandboxes that never started (svcgate.metrics reads it)
         self._entered = False
         self._closed = False
 
@@ -439,6 +452,7 @@ class SandboxSupervisor:
         except Exception as exc:
             entry.error = exc
             if entry.handle is None:
+                self.spawn_failures += 1
                 log.warning("sandbox %s of profile %s failed to start: %s", *_ident(entry), exc)
             else:
                 log.error("sandbox %s of profile %s failed", *_ident(entry), exc_info=exc)
@@ -503,6 +517,13 @@ class SandboxSupervisor:
         """Runtime information of every known sandbox, ordered by profile and server."""
         return [self._entries[key].info() for key in sorted(self._entries)]
 
+    def count_by_state(self) -> dict[str, int]:
+        """How many known sandboxes are in each state (every state listed; for metrics)."""
+        counts = dict.fromkeys((state.value for state in SandboxState), 0)
+        for entry in self._entries.values():
+            counts[entry.state.value] += 1
+        return counts
+
     def find(self, profile: str, server: str) -> SandboxKey:
         """The key of the sandbox of ``server`` in the profile with this slug (or id)."""
         matches = [k for k, e in self._entries.items() if k.server == server]
@@ -513,6 +534,11 @@ class SandboxSupervisor:
             if str(key.profile_id) == profile:
                 return key
         raise SandboxNotFound(f"no sandbox for server {server!r} in profile {profile!r}")
+
+    def handle(self, key: SandboxKey) -> SandboxHandle | None:
+        """The handle of the sandbox of ``key`` once it started (None otherwise)."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.handle
 
     async def logs(self, key: SandboxKey, n: int | None = None) -> builtins.list[str]:
         """The last ``n`` lines of the sandbox's stderr ring buffer (all kept ones if None)."""

@@ -87,6 +87,8 @@ def start_gateway(
         "SVC_ECHO_BIN": "/bin/true",
         # Never the default /var/lib/svcgate-images: each gateway gets its own image store.
         "SVC_IMAGE_DIR": str(tmp / "images"),
+        # The default metrics listener (127.0.0.1:9464) would collide between test gateways.
+        "SVC_METRICS_LISTEN": "off",
         "PYTHONUNBUFFERED": "1",
     }
     if idp is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import trio
 
 from svcgate import audit
+from svcgate.metrics import Metrics
 from svcgate.store import Store
 
 log = logging.getLogger(__name__)
@@ -43,8 +44,9 @@ class EgressEvent:
 
 
 class EgressAuditSink:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, metrics: Metrics | None = None) -> None:
         self._store = store
+        self._metrics = metrics or Metrics()  # unexposed unless the daemon passes its own
         self._buffer: list[EgressEvent] = []
         self._wakeup = trio.Event()
         self.written = 0
@@ -56,6 +58,7 @@ class EgressAuditSink:
     def record(self, event: EgressEvent) -> None:
         self._buffer.append(event)
         self._wakeup.set()
+        self._metrics.egress_decision(event.decision)
 
     async def flush(self) -> None:
         """Write everything buffered so far (in batches)."""
@@ -75,7 +78,8 @@ class EgressAuditSink:
                         detail=event.detail,
                     )
 
-            await self._store.write(write)
+            with self._metrics.audit_write_seconds.time():
+                await self._store.write(write)
             del self._buffer[: len(batch)]
             self.written += len(batch)
 
@@ -97,8 +101,10 @@ class EgressAuditSink:
 
 
 @asynccontextmanager
-async def open_audit_sink(store: Store) -> AsyncIterator[EgressAuditSink]:
-    sink = EgressAuditSink(store)
+async def open_audit_sink(
+    store: Store, metrics: Metrics | None = None
+) -> AsyncIterator[EgressAuditSink]:
+    sink = EgressAuditSink(store, metrics)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sink.run)

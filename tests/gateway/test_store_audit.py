@@ -10,7 +10,7 @@ import trio
 
 from svcgate import audit
 from svcgate.migrations import MIGRATIONS
-from svcgate.store import StoreUnavailable, open_store
+from svcgate.store import MigrationError, StoreUnavailable, open_store
 
 
 async def test_migrations_are_applied_once_and_recorded(tmp_path: Path) -> None:
@@ -28,7 +28,7 @@ async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "s.db"
     with sqlite3.connect(db) as conn:
         conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
-    with pytest.raises(RuntimeError, match="newer"):
+    with pytest.raises(MigrationError, match="newer"):
         async with open_store(db):
             pass
 
