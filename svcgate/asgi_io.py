@@ -68,3 +68,15 @@ async def respond_closing(receive: Receive, respond: Callable[[], Awaitable[None
         await respond()
         # Hypercorn reports the disconnect once the response is out; do not wait forever.
         nursery.cancel_scope.deadline = trio.current_time() + DISCARD_GRACE
+
+
+async def lifespan_noop(receive: Receive, send: Send) -> None:
+    """Answer the ASGI lifespan protocol and do nothing: the daemon's root nursery owns
+    start-up and shutdown."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -26,6 +26,7 @@ from svcgate.asgi_io import (
     Scope,
     Send,
     header,
+    lifespan_noop,
     respond_closing,
     send_json,
 )
@@ -119,7 +120,7 @@ class Front:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await self._lifespan(receive, send)
+            await lifespan_noop(receive, send)
             return
         if kind != "http":
             # No websocket surface: refuse the handshake.
@@ -173,14 +174,3 @@ class Front:
             )
             return
         await self._api(scope, _replay(body, receive), _shielded(send))
-
-    @staticmethod
-    async def _lifespan(receive: Receive, send: Send) -> None:
-        # The daemon's root nursery owns start-up and shutdown; the ASGI lifespan is a no-op.
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return

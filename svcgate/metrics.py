@@ -42,7 +42,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from svcgate.asgi_io import ASGIApp, Message, Receive, Scope, Send, send_json
+from svcgate.asgi_io import ASGIApp, Message, Receive, Scope, Send, lifespan_noop, send_json
 from svcgate.egress.policy import DECISIONS
 from svcgate.errors import envelope
 
@@ -182,7 +182,7 @@ def metrics_app(metrics: Metrics) -> ASGIApp:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan_noop(receive, send)
             return
         if scope["type"] != "http":
             await send({"type": "websocket.close", "code": 1008})
@@ -213,16 +213,6 @@ def metrics_app(metrics: Metrics) -> ASGIApp:
         await send({"type": "http.response.body", "body": body})
 
     return app
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 def _config(listen: tuple[str, int]) -> Config:

@@ -25,6 +25,18 @@ from devidp.provider import DevIdP
 
 START_TIMEOUT = 30.0
 CLIENT_ID = "svcgate-test"
+# A raw MCP initialize request (2025-06-18 handshake) and the Accept header it needs.
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+ACCEPT = "application/json, text/event-stream"
 
 
 def free_port() -> int:
@@ -185,3 +197,19 @@ def api(gw: Gateway, session: str | None) -> httpx2.Client:
     """A client that sends the session cookie and a same-origin ``Origin`` on writes."""
     cookies = {"svc_session": session} if session else {}
     return gw.client(headers={"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())})
+
+
+def run_cli(
+    *args: str, data_dir: Path, extra_env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``svcgate ARGS`` (an operator command) against the daemon using ``data_dir``."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SVC_DATA_DIR": str(data_dir)}
+    env.update(extra_env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "svcgate", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

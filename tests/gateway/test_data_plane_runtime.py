@@ -20,23 +20,12 @@ import httpx2
 import pytest
 import trio
 from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client, text_of
+from gateway_support import ACCEPT, INIT
 from mcp.shared.exceptions import MCPError
 
 from devidp.provider import DevIdP
 
 pytestmark = pytest.mark.root
-
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
-ACCEPT = "application/json, text/event-stream"
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ import pytest
 import trio
 import trio.testing
 from data_plane_support import ECHO, PROBE, PYTHON, mcp_client, text_of
-from gateway_support import CLIENT_ID, Gateway, api, free_port, login, start_gateway
+from gateway_support import ACCEPT, CLIENT_ID, INIT, Gateway, api, free_port, login, start_gateway
 from process_support import public_tmpdir
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -51,17 +51,6 @@ NETPROBE = ROOT / "tests" / "fixtures" / "netprobe_server.py"
 LEGACY = "legacy-test-token-0123456789"
 SLUG = "metrics-slug-a7"
 BLOCKED = "blocked.example.test"
-ACCEPT = "application/json, text/event-stream"
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
 POLL = 15.0
 
 

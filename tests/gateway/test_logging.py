@@ -26,6 +26,7 @@ import pytest
 import trio
 from data_plane_support import DataPlaneGateway, data_plane_gateway, text_of
 from gateway_support import (
+    ACCEPT,
     CLIENT_ID,
     Gateway,
     api,
@@ -58,7 +59,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "stderr_server.py"
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 HEX_ID = re.compile(r"[0-9a-f]{16}")
-ACCEPT = "application/json, text/event-stream"
 
 
 def record(msg: str, *args: object, exc: bool = False, **extra: Any) -> logging.LogRecord:

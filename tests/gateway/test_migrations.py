@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 import pytest
 from data_plane_support import stage_servers
-from gateway_support import start_gateway
+from gateway_support import ACCEPT, INIT, start_gateway
 from process_support import public_tmpdir
 
 from devidp.provider import DevIdP
@@ -250,19 +250,10 @@ def test_a_daemon_upgrades_the_first_schema_and_serves_its_data(
             f"{gw.url}/mcp/p/alpha",
             headers={
                 "Authorization": f"Bearer {PROFILE_TOKEN}",
-                "Accept": "application/json, text/event-stream",
+                "Accept": ACCEPT,
                 "Content-Type": "application/json",
             },
-            json={
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "migration-test", "version": "1"},
-                },
-            },
+            json=INIT,
             timeout=20.0,
         )
         assert response.status_code == 200, response.text

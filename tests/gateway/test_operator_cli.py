@@ -10,32 +10,16 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gateway_support import Gateway, start_gateway
+from gateway_support import Gateway, run_cli, start_gateway
 from process_support import public_tmpdir
 from supervisor_helpers import REPO
 
 if os.geteuid() != 0:  # pragma: no cover - CI and dev machines run these as root
     pytest.skip("the daemon runs sandboxes and needs root", allow_module_level=True)
-
-
-def run_cli(
-    *args: str, data_dir: Path, extra_env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SVC_DATA_DIR": str(data_dir)}
-    env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "svcgate", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.fixture(scope="module")

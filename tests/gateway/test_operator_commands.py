@@ -30,7 +30,7 @@ import httpx2
 import pytest
 import trio
 from data_plane_support import DataPlaneGateway, data_plane_gateway, mcp_client, text_of
-from gateway_support import Gateway, api, start_gateway
+from gateway_support import INIT, Gateway, api, run_cli, start_gateway
 from process_support import public_tmpdir
 from supervisor_helpers import REPO
 
@@ -59,31 +59,6 @@ pytestmark = pytest.mark.root
 
 SECRET = "opcli-secret-8d2f61c0a9b7e5"
 UPSTREAM_HOST = "api.example.test"
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
-}
-
-
-def run_cli(
-    *args: str, data_dir: Path, extra_env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SVC_DATA_DIR": str(data_dir)}
-    env.update(extra_env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "svcgate", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def ok_json(*args: str, data_dir: Path) -> Any:
