@@ -362,13 +362,14 @@ async def _serve_until_signal(
 
 def serve_settings(settings: Settings, on_ready: Callable[[list[str]], None]) -> int:
     """Run the daemon until a signal; return the process exit code."""
-    configure_logging(settings.log_level, fmt=settings.log_format)
+    chosen = configure_logging(settings.log_level, fmt=settings.log_format)
     try:
         trio.run(lambda: run_daemon(settings, on_ready=on_ready))
-    except StartupError as exc:
-        print(f"svcgate: {exc}", file=sys.stderr)
-        return 1
-    except StoreOpenError as exc:
-        print(f"svcgate: database: {exc}", file=sys.stderr)
+    except (StartupError, StoreOpenError) as exc:
+        prefix = "database: " if isinstance(exc, StoreOpenError) else ""
+        if chosen == "json":  # the journal gets one JSON object per line, this one too
+            log.critical("%s%s", prefix, exc)
+        else:
+            print(f"svcgate: {prefix}{exc}", file=sys.stderr)
         return 1
     return 0

@@ -9,6 +9,7 @@ that release wrote them.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -279,3 +280,22 @@ def test_a_daemon_refuses_a_newer_database_with_one_line(tmp_path: Path) -> None
     (line,) = [x for x in log.splitlines() if x.startswith("svcgate: ")]
     assert "newer than this svcgate" in line and "restore a backup" in line
     assert dump(db) == before
+
+
+@pytest.mark.root
+def test_under_json_logs_the_refusal_is_one_json_object(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    db = database_at(data / "svcgate.db", len(MIGRATIONS))
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    gw = start_gateway(
+        tmp_path, idp=None, data_dir=data, expect_ready=False, extra_env={"SVC_LOG_FORMAT": "json"}
+    )
+    code = gw.proc.wait(timeout=30)
+    gw.stop()
+    lines = gw.log_text().splitlines()
+    assert code == 1
+    records = [json.loads(line) for line in lines]  # every line is one JSON object
+    (fatal,) = [r for r in records if r["level"] == "CRITICAL"]
+    assert fatal["msg"].startswith("database: ") and "newer than this svcgate" in fatal["msg"]
