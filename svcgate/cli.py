@@ -45,7 +45,7 @@ SYSTEM_KEY_FILE = Path("/etc/svcgate/vault.key")
 ROTATE_TIMEOUT = 600.0
 ENCRYPTED_NOTE = (
     "if the unit loads the key with LoadCredentialEncrypted=, encrypt the new key file again "
-    "(systemd-creds encrypt --name=vault-key {key_file} /etc/credstore.encrypted/vault-key) "
+    "(systemd-creds encrypt --name=vault-key {key_file} {key_file}.cred) "
     "before the next restart"
 )
 
