@@ -229,8 +229,13 @@ def a1_request(
 
 
 def fingerprint(response: httpx2.Response) -> tuple[Any, ...]:
-    """Everything a client can observe of a response except the ``Date`` header."""
-    headers = [(k.lower(), v) for k, v in response.headers.raw if k.lower() != b"date"]
+    """Everything a client can observe of a response except the ``Date`` header and the value
+    of ``X-Request-Id`` (fresh for every response; its presence and place still count)."""
+    headers = [
+        (k.lower(), b"<per-response>" if k.lower() == b"x-request-id" else v)
+        for k, v in response.headers.raw
+        if k.lower() != b"date"
+    ]
     return (
         response.http_version,
         response.status_code,
